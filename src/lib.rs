@@ -1,1 +1,2 @@
-
+//! Synkronus-compatible offline-first sync server.
+pub mod domain;
