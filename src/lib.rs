@@ -1,2 +1,12 @@
 //! Synkronus-compatible offline-first sync server.
+pub mod actors;
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod db;
 pub mod domain;
+pub mod error;
+pub mod http;
+pub mod startup;
+pub mod state;
+pub mod telemetry;

@@ -1,1 +1,18 @@
-fn main() {}
+use clap::Parser;
+
+#[actix_web::main]
+async fn main() {
+    let cli = synkronus::cli::Cli::parse();
+    let config = match synkronus::config::Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("synkronus: invalid configuration: {e}");
+            std::process::exit(2);
+        }
+    };
+    synkronus::telemetry::init(&config.log_level, config.log_format);
+    if let Err(e) = synkronus::cli::run(cli, config).await {
+        eprintln!("synkronus: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,1 +1,6 @@
 //! Pure types and rules: no I/O on the network or the database.
+pub mod api_version;
+pub mod page_token;
+pub mod role;
+pub mod time;
+pub mod user;

@@ -1,0 +1,40 @@
+# Two entry points: `make run` and `make test`. Both work on a fresh Debian machine as root.
+SHELL := /bin/bash
+CARGO ?= cargo
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+export CARGO_TARGET_DIR := $(TARGET_DIR)
+TEST_PG_DIR ?= /tmp/synkronus-test-pg
+
+.PHONY: run test deps build release stop-test-cluster
+
+## Installs PostgreSQL when its binaries are missing (the server runs a private cluster with them).
+deps:
+	@if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		echo "installing PostgreSQL (apt-get)"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
+	fi
+
+## A JWT secret is required; generate one once, kept in .env (never committed).
+.env:
+	@if [ -z "$$JWT_SECRET" ]; then \
+		echo "JWT_SECRET=$$(head -c 48 /dev/urandom | base64 | tr -d '\n/+=')" > .env; \
+		echo "generated a JWT_SECRET in .env"; \
+	else touch .env; fi
+
+release:
+	$(CARGO) build --release --bin synkronus
+
+## Builds and starts the server on its embedded database (DATA_ROOT=./data, port 8080).
+run: deps .env release
+	$(TARGET_DIR)/release/synkronus serve
+
+## Everything the tests need, then all tests (unit + black-box against a real PostgreSQL).
+test: deps
+	$(CARGO) test --workspace -- --test-threads=4; status=$$?; $(MAKE) --no-print-directory stop-test-cluster; exit $$status
+
+stop-test-cluster:
+	@pg_ctl=$$(command -v pg_ctl || ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n 1); \
+	if [ -n "$$pg_ctl" ] && [ -f "$(TEST_PG_DIR)/postmaster.pid" ]; then \
+		if [ "$$(id -u)" = 0 ]; then runuser -u postgres -- "$$pg_ctl" -D "$(TEST_PG_DIR)" -m fast -w stop >/dev/null; \
+		else "$$pg_ctl" -D "$(TEST_PG_DIR)" -m fast -w stop >/dev/null; fi; \
+	fi; true

@@ -1,0 +1,62 @@
+-- The change log head: the highest committed change_id. It is updated in the same transaction
+-- that writes the changes, under one advisory lock, so a reader that sees head N sees every
+-- change <= N (API.md 8.2, P1).
+CREATE TABLE change_head (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    head       bigint NOT NULL
+);
+INSERT INTO change_head (head) VALUES (0);
+
+-- Current state of each observation; change_id is the id of its latest change.
+CREATE TABLE records (
+    id            text PRIMARY KEY,
+    form_type     text NOT NULL,
+    form_version  text NOT NULL,
+    data          jsonb NOT NULL,
+    deleted       boolean NOT NULL,
+    created_at    timestamptz,
+    updated_at    timestamptz,
+    synced_at     timestamptz NOT NULL,
+    geolocation   jsonb,
+    author        text,
+    device_id     text,
+    tags          jsonb,
+    change_id     bigint NOT NULL UNIQUE,
+    created_by    text NOT NULL
+);
+CREATE INDEX records_form_type_change ON records (form_type, change_id);
+CREATE INDEX records_created_by_change ON records (created_by, change_id);
+
+-- Every revision ever committed (the current one included), for history and lost-update recovery.
+CREATE TABLE record_revisions (
+    change_id         bigint PRIMARY KEY,
+    record_id         text NOT NULL,
+    form_type         text NOT NULL,
+    form_version      text NOT NULL,
+    data              jsonb NOT NULL,
+    deleted           boolean NOT NULL,
+    created_at        timestamptz,
+    updated_at        timestamptz,
+    synced_at         timestamptz NOT NULL,
+    geolocation       jsonb,
+    author            text,
+    device_id         text,
+    tags              jsonb,
+    client_id         text NOT NULL,
+    transmission_id   text,
+    pushed_by         text NOT NULL,
+    overwrote_version bigint,
+    conflict          boolean NOT NULL
+);
+CREATE INDEX record_revisions_record ON record_revisions (record_id, change_id DESC);
+
+-- Push results kept for idempotent replay (API.md 8.6).
+CREATE TABLE transmissions (
+    client_id       text NOT NULL,
+    transmission_id text NOT NULL,
+    fingerprint     bytea NOT NULL,
+    result          jsonb NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (client_id, transmission_id)
+);
+CREATE INDEX transmissions_created ON transmissions (created_at);

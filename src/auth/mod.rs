@@ -1,0 +1,243 @@
+//! Tokens and passwords: JWT issue/verify, refresh-token minting, bcrypt off the executor, and the
+//! per-token revocation cache that keeps the database out of the hot path (API.md 6.1).
+
+pub mod rate_limit;
+
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chrono::{DateTime, TimeZone, Utc};
+use dashmap::DashMap;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::db::users::UserRow;
+use crate::domain::role::Role;
+use crate::error::{ApiError, ApiResult, ErrorCode};
+
+/// bcrypt cost required by API.md 7.1.
+pub const BCRYPT_COST: u32 = 12;
+/// Generations and denylist entries are re-read at least this often (the contract allows 5 s).
+const REVOCATION_CACHE_TTL: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Claims {
+    pub sub: String,
+    pub username: String,
+    pub email: Option<String>,
+    pub role: String,
+    pub roles: Vec<String>,
+    pub iat: i64,
+    pub exp: i64,
+    pub jti: String,
+}
+
+/// A verified caller, as handlers see it.
+#[derive(Debug, Clone)]
+pub struct AuthUser {
+    pub id: Uuid,
+    pub username: String,
+    pub role: Role,
+    pub jti: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl AuthUser {
+    /// Authorization after authentication: a 401 always wins over a 403.
+    pub fn require(&self, role: Role) -> ApiResult<()> {
+        if self.role.allows(role) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden())
+        }
+    }
+}
+
+/// A freshly signed access token.
+pub struct IssuedToken {
+    pub token: String,
+    pub expires_at: i64,
+}
+
+#[derive(Clone, Copy)]
+struct CachedCheck {
+    generation: Option<i64>,
+    revoked: bool,
+    fetched: Instant,
+}
+
+pub struct AuthService {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    validation: Validation,
+    pub access_ttl: Duration,
+    pub refresh_ttl: Duration,
+    checks: DashMap<String, CachedCheck>,
+    /// A real bcrypt hash, so unknown users cost the same time as wrong passwords.
+    dummy_hash: String,
+}
+
+impl AuthService {
+    pub fn new(secret: &[u8], access_ttl: Duration, refresh_ttl: Duration) -> anyhow::Result<Self> {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = 0;
+        validation.validate_exp = true;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        Ok(AuthService {
+            encoding: EncodingKey::from_secret(secret),
+            decoding: DecodingKey::from_secret(secret),
+            validation,
+            access_ttl,
+            refresh_ttl,
+            checks: DashMap::new(),
+            dummy_hash: bcrypt::hash("not-a-real-password", BCRYPT_COST)?,
+        })
+    }
+
+    pub fn issue_access_token(&self, user: &UserRow) -> ApiResult<IssuedToken> {
+        let iat = Utc::now().timestamp();
+        let exp = iat + self.access_ttl.as_secs() as i64;
+        // The generation rides in the jti so revocation needs no claim of its own.
+        let jti = format!("{}.{}", Uuid::new_v4().simple(), user.token_generation);
+        let claims = Claims {
+            sub: user.id.to_string(),
+            username: user.username.clone(),
+            email: user.email.clone(),
+            role: user.role.as_str().to_string(),
+            roles: vec![user.role.as_str().to_string()],
+            iat,
+            exp,
+            jti,
+        };
+        let token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
+            .map_err(ApiError::internal)?;
+        Ok(IssuedToken { token, expires_at: exp })
+    }
+
+    /// Signature, algorithm and expiry; revocation is checked separately (it needs the database).
+    pub fn decode(&self, token: &str) -> Result<Claims, ErrorCode> {
+        match jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation) {
+            Ok(data) => Ok(data.claims),
+            Err(e) => match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => Err(ErrorCode::TokenExpired),
+                _ => Err(ErrorCode::InvalidToken),
+            },
+        }
+    }
+
+    /// Full verification: decode, then the per-user generation and the logout denylist.
+    pub async fn verify(&self, token: &str, pool: &deadpool_postgres::Pool) -> ApiResult<AuthUser> {
+        let claims = self.decode(token).map_err(ApiError::of)?;
+        let invalid = || ApiError::of(ErrorCode::InvalidToken);
+        let id = Uuid::parse_str(&claims.sub).map_err(|_| invalid())?;
+        let role = Role::parse(&claims.role).ok_or_else(invalid)?;
+        let token_generation: i64 =
+            claims.jti.rsplit_once('.').and_then(|(_, g)| g.parse().ok()).ok_or_else(invalid)?;
+        let check = self.revocation_check(&claims.jti, id, pool).await?;
+        if check.revoked || check.generation != Some(token_generation) {
+            return Err(invalid());
+        }
+        let expires_at = Utc.timestamp_opt(claims.exp, 0).single().ok_or_else(invalid)?;
+        Ok(AuthUser { id, username: claims.username, role, jti: claims.jti, expires_at })
+    }
+
+    async fn revocation_check(
+        &self,
+        jti: &str,
+        user_id: Uuid,
+        pool: &deadpool_postgres::Pool,
+    ) -> ApiResult<CachedCheck> {
+        if let Some(hit) = self.checks.get(jti) {
+            if hit.fetched.elapsed() < REVOCATION_CACHE_TTL {
+                return Ok(*hit);
+            }
+        }
+        let db = pool.get().await?;
+        let row = db
+            .query_one(
+                "SELECT (SELECT token_generation FROM users WHERE id = $1),
+                        EXISTS (SELECT 1 FROM revoked_tokens WHERE jti = $2)",
+                &[&user_id, &jti],
+            )
+            .await?;
+        let check = CachedCheck { generation: row.get(0), revoked: row.get(1), fetched: Instant::now() };
+        if self.checks.len() > 100_000 {
+            self.checks.retain(|_, c| c.fetched.elapsed() < REVOCATION_CACHE_TTL);
+        }
+        self.checks.insert(jti.to_string(), check);
+        Ok(check)
+    }
+
+    /// Makes a logout effective in this process at once (other processes within the cache TTL).
+    pub fn forget_token(&self, jti: &str) {
+        self.checks.insert(
+            jti.to_string(),
+            CachedCheck { generation: None, revoked: true, fetched: Instant::now() },
+        );
+    }
+
+    /// Drops every cached check after an admin change that revokes tokens, so this process
+    /// enforces it at once; jti-keyed entries cannot be dropped per user, and these changes are rare.
+    pub fn forget_cached_checks(&self) {
+        self.checks.clear();
+    }
+
+    pub async fn hash_password(&self, password: String) -> ApiResult<String> {
+        tokio::task::spawn_blocking(move || bcrypt::hash(password, BCRYPT_COST))
+            .await
+            .map_err(ApiError::internal)?
+            .map_err(ApiError::internal)
+    }
+
+    /// Checks a password against a stored hash (or the dummy hash when the user is unknown).
+    pub async fn verify_password(&self, password: String, hash: Option<String>) -> ApiResult<bool> {
+        let known = hash.is_some();
+        let hash = hash.unwrap_or_else(|| self.dummy_hash.clone());
+        let ok = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash).unwrap_or(false))
+            .await
+            .map_err(ApiError::internal)?;
+        Ok(known && ok)
+    }
+}
+
+/// A new refresh token: the opaque value for the client and the hash we store.
+pub fn new_refresh_token() -> (String, Vec<u8>) {
+    let mut bytes = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    let token = URL_SAFE_NO_PAD.encode(bytes);
+    let hash = hash_refresh_token(&token);
+    (token, hash)
+}
+
+pub fn hash_refresh_token(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// `Authorization: Bearer <token>` with a case-insensitive scheme; anything else is "missing".
+pub fn bearer_token(header: Option<&str>) -> Option<&str> {
+    let value = header?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = token.trim();
+    (!token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer_token(Some("Bearer abc")), Some("abc"));
+        assert_eq!(bearer_token(Some("bearer   abc ")), Some("abc"));
+        assert_eq!(bearer_token(Some("Basic abc")), None);
+        assert_eq!(bearer_token(Some("Bearer ")), None);
+        assert_eq!(bearer_token(None), None);
+    }
+}

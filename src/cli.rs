@@ -1,0 +1,111 @@
+//! Command line: `serve` (default), `migrate`, and operator commands that work with the server stopped.
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+use crate::domain::role::Role;
+use crate::startup::{connect_and_migrate, Application, EmbeddedHandle};
+
+#[derive(Parser)]
+#[command(name = "synkronus", version, about = "Offline-first sync server (Synkronus-compatible)")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the HTTP server (the default).
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Manage users directly in the database.
+    #[command(subcommand)]
+    User(UserCommand),
+}
+
+#[derive(Subcommand)]
+pub enum UserCommand {
+    /// Create a user.
+    Create {
+        #[arg(long)]
+        username: String,
+        #[arg(long, env = "SYNKRONUS_NEW_PASSWORD", hide_env_values = true)]
+        password: String,
+        #[arg(long, default_value = "read-write")]
+        role: String,
+        #[arg(long)]
+        email: Option<String>,
+    },
+    /// Set a user's password (revokes their tokens).
+    ResetPassword {
+        #[arg(long)]
+        username: String,
+        #[arg(long, env = "SYNKRONUS_NEW_PASSWORD", hide_env_values = true)]
+        password: String,
+    },
+}
+
+pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => Application::build(config).await?.run_until_stopped().await,
+        Command::Migrate => {
+            let (_pool, embedded) = connect_and_migrate(&config).await?;
+            stop_if_started_here(embedded).await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::User(cmd) => {
+            let (pool, embedded) = connect_and_migrate(&config).await?;
+            let result = user_command(cmd, &config, &pool).await;
+            drop(pool);
+            stop_if_started_here(embedded).await?;
+            result
+        }
+    }
+}
+
+async fn stop_if_started_here(embedded: Option<EmbeddedHandle>) -> anyhow::Result<()> {
+    if let Some(handle) = embedded.filter(|h| h.started_here) {
+        tokio::task::spawn_blocking(move || handle.cluster.stop()).await??;
+    }
+    Ok(())
+}
+
+async fn user_command(
+    cmd: UserCommand,
+    config: &Config,
+    pool: &deadpool_postgres::Pool,
+) -> anyhow::Result<()> {
+    use crate::db::users;
+    use crate::domain::user as rules;
+    let auth = crate::auth::AuthService::new(&config.jwt_secret, config.jwt_ttl, config.refresh_ttl)?;
+    let err = |e: crate::error::ApiError| anyhow::anyhow!("{}", e.message);
+    match cmd {
+        UserCommand::Create { username, password, role, email } => {
+            rules::validate_username(&username).map_err(|p| anyhow::anyhow!(p.0))?;
+            let role = Role::parse(&role).ok_or_else(|| anyhow::anyhow!("unknown role '{role}'"))?;
+            if !rules::is_strong_enough(&password) {
+                anyhow::bail!("password must be 8 to 72 bytes long");
+            }
+            let hash = auth.hash_password(password).await.map_err(err)?;
+            let db = pool.get().await?;
+            users::insert(&db, &username, email.as_deref(), &hash, role).await.map_err(err)?;
+            println!("created user '{username}' ({role})");
+        }
+        UserCommand::ResetPassword { username, password } => {
+            if !rules::is_strong_enough(&password) {
+                anyhow::bail!("password must be 8 to 72 bytes long");
+            }
+            let mut db = pool.get().await?;
+            let user = users::find_by_username(&db, &username)
+                .await
+                .map_err(err)?
+                .ok_or_else(|| anyhow::anyhow!("no user named '{username}'"))?;
+            let hash = auth.hash_password(password).await.map_err(err)?;
+            users::set_password(&mut db, user.id, &hash).await.map_err(err)?;
+            println!("password of '{username}' reset; their tokens are revoked");
+        }
+    }
+    Ok(())
+}

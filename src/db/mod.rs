@@ -1,0 +1,98 @@
+//! Database access: the pool, migrations, and one module of SQL per table family.
+
+pub mod embedded;
+pub mod status;
+pub mod tls;
+pub mod users;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+
+mod embedded_migrations {
+    refinery::embed_migrations!("migrations");
+}
+
+/// Validates a `DB_CONNECTION` value (URL or libpq key=value) without connecting.
+pub fn parse_connection(conn: &str) -> Result<tokio_postgres::Config, String> {
+    conn.parse::<tokio_postgres::Config>().map_err(|e| format!("cannot parse connection string: {e}"))
+}
+
+/// Builds a pool whose waits are bounded, so a vanished database yields 503s instead of hangs.
+pub fn create_pool(conn: &str, max_size: usize) -> anyhow::Result<Pool> {
+    let mut pg_config = parse_connection(conn).map_err(anyhow::Error::msg)?;
+    if pg_config.get_connect_timeout().is_none() {
+        pg_config.connect_timeout(Duration::from_secs(5));
+    }
+    let manager_config = ManagerConfig { recycling_method: RecyclingMethod::Fast };
+    // TLS over a Unix socket is pointless (libpq skips it too), and rustls refuses the empty
+    // server name tokio-postgres passes for socket paths.
+    let unix_only = pg_config.get_hosts().iter().all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+    let manager = if unix_only {
+        Manager::from_config(pg_config, tokio_postgres::NoTls, manager_config)
+    } else {
+        Manager::from_config(pg_config, tls::make_connector()?, manager_config)
+    };
+    let pool = Pool::builder(manager)
+        .max_size(max_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(10)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .recycle_timeout(Some(Duration::from_secs(5)))
+        .build()?;
+    Ok(pool)
+}
+
+/// Waits for the database to answer: 5 s per attempt, for up to 60 s (API.md section 2).
+pub async fn wait_until_reachable(pool: &Pool) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let attempt = tokio::time::timeout(Duration::from_secs(5), async {
+            let client = pool.get().await?;
+            client.simple_query("SELECT 1").await?;
+            anyhow::Ok(())
+        })
+        .await;
+        match attempt {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) if tokio::time::Instant::now() >= deadline => {
+                return Err(e.context("database unreachable after 60 s"))
+            }
+            Err(_) if tokio::time::Instant::now() >= deadline => {
+                anyhow::bail!("database unreachable after 60 s (connection attempts time out)")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// An arbitrary but fixed key: several processes starting at once migrate one after another.
+const MIGRATION_LOCK_KEY: i64 = 0x5359_4e4b_0001;
+
+pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
+    let mut client = pool.get().await?;
+    client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
+    let client_ref: &mut tokio_postgres::Client = &mut client;
+    let result = embedded_migrations::migrations::runner().run_async(client_ref).await;
+    client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY]).await?;
+    result?;
+    Ok(())
+}
+
+/// Errors that mean "the database is not reachable" rather than "the query is wrong".
+pub fn is_connection_error(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => {
+            let c = code.code();
+            // Class 08: connection exceptions; 57P0x: admin/crash shutdown, cannot connect now.
+            c.starts_with("08") || c.starts_with("57P")
+        }
+        None => {
+            let text = e.to_string();
+            text.contains("connection") || text.contains("timed out") || text.contains("io error")
+        }
+    }
+}

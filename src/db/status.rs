@@ -1,0 +1,18 @@
+//! Counters for `GET /status`.
+
+use deadpool_postgres::GenericClient;
+
+use crate::error::ApiResult;
+
+pub struct Counts {
+    pub observations: i64,
+    pub attachments: i64,
+    pub head: i64,
+    pub active_bundle_version: Option<String>,
+}
+
+pub async fn counts(db: &impl GenericClient) -> ApiResult<Counts> {
+    let row =
+        db.query_one("SELECT (SELECT count(*) FROM records), (SELECT head FROM change_head)", &[]).await?;
+    Ok(Counts { observations: row.get(0), attachments: 0, head: row.get(1), active_bundle_version: None })
+}

@@ -1,0 +1,297 @@
+//! SQL for users, refresh tokens and the access-token denylist.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use crate::domain::role::Role;
+use crate::error::{ApiError, ApiResult, ErrorCode};
+
+#[derive(Debug, Clone)]
+pub struct UserRow {
+    pub id: Uuid,
+    pub username: String,
+    pub email: Option<String>,
+    pub role: Role,
+    pub password_hash: String,
+    pub token_generation: i64,
+    pub created_at: DateTime<Utc>,
+    pub last_login: Option<DateTime<Utc>>,
+}
+
+const USER_COLUMNS: &str =
+    "id, username, email, role, password_hash, token_generation, created_at, last_login";
+
+fn user_from_row(row: &Row) -> UserRow {
+    let role: String = row.get("role");
+    UserRow {
+        id: row.get("id"),
+        username: row.get("username"),
+        email: row.get("email"),
+        // The CHECK constraint only admits the three names; read-only is the safe fallback.
+        role: Role::parse(&role).unwrap_or(Role::ReadOnly),
+        password_hash: row.get("password_hash"),
+        token_generation: row.get("token_generation"),
+        created_at: row.get("created_at"),
+        last_login: row.get("last_login"),
+    }
+}
+
+/// Serialises admin-count-sensitive changes so two concurrent demotions cannot remove the last admin.
+const ADMIN_CHANGE_LOCK: i64 = 0x5359_4e4b_0002;
+
+pub async fn count(db: &impl GenericClient) -> ApiResult<i64> {
+    Ok(db.query_one("SELECT count(*) FROM users", &[]).await?.get(0))
+}
+
+pub async fn insert(
+    db: &impl GenericClient,
+    username: &str,
+    email: Option<&str>,
+    password_hash: &str,
+    role: Role,
+) -> ApiResult<UserRow> {
+    let sql = format!(
+        "INSERT INTO users (username, email, password_hash, role) VALUES ($1, $2, $3, $4) RETURNING {USER_COLUMNS}"
+    );
+    match db.query_one(&sql, &[&username, &email, &password_hash, &role.as_str()]).await {
+        Ok(row) => Ok(user_from_row(&row)),
+        Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+            Err(ApiError::new(ErrorCode::Conflict, format!("Username '{username}' is already taken")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn find_by_username(db: &impl GenericClient, username: &str) -> ApiResult<Option<UserRow>> {
+    let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1");
+    Ok(db.query_opt(&sql, &[&username]).await?.map(|r| user_from_row(&r)))
+}
+
+pub async fn find_by_id(db: &impl GenericClient, id: Uuid) -> ApiResult<Option<UserRow>> {
+    let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1");
+    Ok(db.query_opt(&sql, &[&id]).await?.map(|r| user_from_row(&r)))
+}
+
+pub async fn list(db: &impl GenericClient) -> ApiResult<Vec<UserRow>> {
+    let sql = format!("SELECT {USER_COLUMNS} FROM users ORDER BY username COLLATE \"C\"");
+    Ok(db.query(&sql, &[]).await?.iter().map(user_from_row).collect())
+}
+
+pub async fn token_generation(db: &impl GenericClient, id: Uuid) -> ApiResult<Option<i64>> {
+    Ok(db.query_opt("SELECT token_generation FROM users WHERE id = $1", &[&id]).await?.map(|r| r.get(0)))
+}
+
+pub async fn touch_last_login(db: &impl GenericClient, id: Uuid) -> ApiResult<DateTime<Utc>> {
+    Ok(db
+        .query_one("UPDATE users SET last_login = now() WHERE id = $1 RETURNING last_login", &[&id])
+        .await?
+        .get(0))
+}
+
+/// The changes `PUT /users/{username}` may make; `None` leaves a field alone.
+pub struct UserUpdate {
+    pub role: Option<Role>,
+    pub email: Option<Option<String>>,
+    pub password_hash: Option<String>,
+}
+
+/// Applies an update atomically; refuses to demote the last admin. Returns `None` for an unknown user.
+pub async fn update(
+    db: &mut deadpool_postgres::Object,
+    username: &str,
+    change: UserUpdate,
+) -> ApiResult<Option<UserRow>> {
+    let tx = db.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADMIN_CHANGE_LOCK]).await?;
+    let Some(current) = find_by_username(&tx, username).await? else {
+        return Ok(None);
+    };
+    if current.role == Role::Admin && change.role.is_some_and(|r| r != Role::Admin) {
+        ensure_other_admin_exists(&tx, current.id).await?;
+    }
+    let role_changed = change.role.is_some_and(|r| r != current.role);
+    let revoke_tokens = role_changed || change.password_hash.is_some();
+    let email = match change.email {
+        Some(e) => e,
+        None => current.email.clone(),
+    };
+    let role = change.role.unwrap_or(current.role);
+    let hash = change.password_hash.clone().unwrap_or(current.password_hash.clone());
+    let sql = format!(
+        "UPDATE users SET role = $2, email = $3, password_hash = $4,
+            token_generation = token_generation + CASE WHEN $5 THEN 1 ELSE 0 END
+         WHERE id = $1 RETURNING {USER_COLUMNS}"
+    );
+    let row = tx.query_one(&sql, &[&current.id, &role.as_str(), &email, &hash, &revoke_tokens]).await?;
+    if change.password_hash.is_some() {
+        revoke_refresh_tokens_of_user(&tx, current.id).await?;
+    }
+    tx.commit().await?;
+    Ok(Some(user_from_row(&row)))
+}
+
+/// Sets a new password, invalidates the user's access tokens and revokes all refresh tokens.
+pub async fn set_password(
+    db: &mut deadpool_postgres::Object,
+    id: Uuid,
+    password_hash: &str,
+) -> ApiResult<bool> {
+    let tx = db.transaction().await?;
+    let n = tx
+        .execute(
+            "UPDATE users SET password_hash = $2, token_generation = token_generation + 1 WHERE id = $1",
+            &[&id, &password_hash],
+        )
+        .await?;
+    revoke_refresh_tokens_of_user(&tx, id).await?;
+    tx.commit().await?;
+    Ok(n == 1)
+}
+
+/// Deletes a user (refresh tokens go with it); refuses to delete the last admin.
+pub async fn delete(db: &mut deadpool_postgres::Object, id: Uuid) -> ApiResult<bool> {
+    let tx = db.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADMIN_CHANGE_LOCK]).await?;
+    let Some(user) = find_by_id(&tx, id).await? else {
+        return Ok(false);
+    };
+    if user.role == Role::Admin {
+        ensure_other_admin_exists(&tx, id).await?;
+    }
+    tx.execute("DELETE FROM users WHERE id = $1", &[&id]).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+async fn ensure_other_admin_exists(db: &impl GenericClient, except: Uuid) -> ApiResult<()> {
+    let others: i64 = db
+        .query_one("SELECT count(*) FROM users WHERE role = 'admin' AND id <> $1", &[&except])
+        .await?
+        .get(0);
+    if others == 0 {
+        return Err(ApiError::of(ErrorCode::LastAdmin));
+    }
+    Ok(())
+}
+
+// ---- refresh tokens ----
+
+pub async fn insert_refresh_token(
+    db: &impl GenericClient,
+    token_hash: &[u8],
+    user_id: Uuid,
+    family_id: Uuid,
+    expires_at: DateTime<Utc>,
+) -> ApiResult<()> {
+    db.execute(
+        "INSERT INTO refresh_tokens (token_hash, user_id, family_id, expires_at) VALUES ($1, $2, $3, $4)",
+        &[&token_hash, &user_id, &family_id, &expires_at],
+    )
+    .await?;
+    Ok(())
+}
+
+/// What presenting a refresh token found.
+pub enum RefreshLookup {
+    Unknown,
+    /// Already used or revoked: the caller must revoke the family.
+    Reused {
+        family_id: Uuid,
+    },
+    Expired,
+    /// Valid, and now revoked so that it cannot be used again (rotation).
+    Consumed {
+        user_id: Uuid,
+        family_id: Uuid,
+    },
+}
+
+pub async fn consume_refresh_token(db: &impl GenericClient, token_hash: &[u8]) -> ApiResult<RefreshLookup> {
+    // Revoke-and-return in one statement: two racing refreshes cannot both succeed.
+    let consumed = db
+        .query_opt(
+            "UPDATE refresh_tokens SET revoked_at = now()
+             WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > now()
+             RETURNING user_id, family_id",
+            &[&token_hash],
+        )
+        .await?;
+    if let Some(row) = consumed {
+        return Ok(RefreshLookup::Consumed { user_id: row.get(0), family_id: row.get(1) });
+    }
+    let existing = db
+        .query_opt(
+            "SELECT family_id, revoked_at IS NOT NULL, expires_at <= now() FROM refresh_tokens WHERE token_hash = $1",
+            &[&token_hash],
+        )
+        .await?;
+    Ok(match existing {
+        None => RefreshLookup::Unknown,
+        Some(row) if row.get::<_, bool>(1) => RefreshLookup::Reused { family_id: row.get(0) },
+        Some(_) => RefreshLookup::Expired,
+    })
+}
+
+pub async fn revoke_refresh_family(db: &impl GenericClient, family_id: Uuid) -> ApiResult<()> {
+    db.execute(
+        "UPDATE refresh_tokens SET revoked_at = now() WHERE family_id = $1 AND revoked_at IS NULL",
+        &[&family_id],
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn revoke_refresh_token(
+    db: &impl GenericClient,
+    token_hash: &[u8],
+    user_id: Uuid,
+) -> ApiResult<()> {
+    db.execute(
+        "UPDATE refresh_tokens SET revoked_at = now() WHERE token_hash = $1 AND user_id = $2 AND revoked_at IS NULL",
+        &[&token_hash, &user_id],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn revoke_refresh_tokens_of_user(db: &impl GenericClient, user_id: Uuid) -> ApiResult<()> {
+    db.execute(
+        "UPDATE refresh_tokens SET revoked_at = now() WHERE user_id = $1 AND revoked_at IS NULL",
+        &[&user_id],
+    )
+    .await?;
+    Ok(())
+}
+
+// ---- access-token denylist ----
+
+pub async fn revoke_access_token(
+    db: &impl GenericClient,
+    jti: &str,
+    expires_at: DateTime<Utc>,
+) -> ApiResult<()> {
+    db.execute(
+        "INSERT INTO revoked_tokens (jti, expires_at) VALUES ($1, $2) ON CONFLICT (jti) DO NOTHING",
+        &[&jti, &expires_at],
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn is_access_token_revoked(db: &impl GenericClient, jti: &str) -> ApiResult<bool> {
+    Ok(db.query_opt("SELECT 1 FROM revoked_tokens WHERE jti = $1", &[&jti]).await?.is_some())
+}
+
+/// Housekeeping: forget denylisted tokens and refresh tokens that have expired anyway.
+pub async fn purge_expired_tokens(db: &impl GenericClient) -> ApiResult<()> {
+    db.execute("DELETE FROM revoked_tokens WHERE expires_at < now()", &[]).await?;
+    db.execute("DELETE FROM refresh_tokens WHERE expires_at < now() - interval '1 day'", &[]).await?;
+    Ok(())
+}
+
+pub fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+}

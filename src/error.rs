@@ -1,0 +1,314 @@
+//! The one error table: every failure the API can report maps to an HTTP status and a stable code
+//! here (API.md section 4), and every error body is built by `ApiError::error_response`.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// Stable error codes, each with its HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    BadRequest,
+    InvalidPageToken,
+    WeakPassword,
+    InvalidBundle,
+    InvalidCredentials,
+    InvalidPassword,
+    MissingToken,
+    InvalidToken,
+    TokenExpired,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    UnsupportedApiVersion,
+    Conflict,
+    TransmissionMismatch,
+    AttachmentExists,
+    LastAdmin,
+    RepositoryResetRequired,
+    PayloadTooLarge,
+    RangeNotSatisfiable,
+    ValidationFailed,
+    ClientVersionUnsupported,
+    RateLimited,
+    Internal,
+    ServiceUnavailable,
+}
+
+impl ErrorCode {
+    pub fn status(self) -> StatusCode {
+        use ErrorCode::*;
+        match self {
+            BadRequest | InvalidPageToken | WeakPassword | InvalidBundle => StatusCode::BAD_REQUEST,
+            InvalidCredentials | InvalidPassword | MissingToken | InvalidToken | TokenExpired => {
+                StatusCode::UNAUTHORIZED
+            }
+            Forbidden => StatusCode::FORBIDDEN,
+            NotFound => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            UnsupportedApiVersion => StatusCode::NOT_ACCEPTABLE,
+            Conflict | TransmissionMismatch | AttachmentExists | LastAdmin | RepositoryResetRequired => {
+                StatusCode::CONFLICT
+            }
+            PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
+            ValidationFailed => StatusCode::UNPROCESSABLE_ENTITY,
+            ClientVersionUnsupported => StatusCode::UPGRADE_REQUIRED,
+            RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            BadRequest => "BAD_REQUEST",
+            InvalidPageToken => "INVALID_PAGE_TOKEN",
+            WeakPassword => "WEAK_PASSWORD",
+            InvalidBundle => "INVALID_BUNDLE",
+            InvalidCredentials => "INVALID_CREDENTIALS",
+            InvalidPassword => "INVALID_PASSWORD",
+            MissingToken => "MISSING_TOKEN",
+            InvalidToken => "INVALID_TOKEN",
+            TokenExpired => "TOKEN_EXPIRED",
+            Forbidden => "FORBIDDEN",
+            NotFound => "NOT_FOUND",
+            MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            UnsupportedApiVersion => "UNSUPPORTED_API_VERSION",
+            Conflict => "CONFLICT",
+            TransmissionMismatch => "TRANSMISSION_MISMATCH",
+            AttachmentExists => "ATTACHMENT_EXISTS",
+            LastAdmin => "LAST_ADMIN",
+            // The 2026 clients compare this exact lower-case string (API.md 17.2).
+            RepositoryResetRequired => "repository_reset_required",
+            PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            RangeNotSatisfiable => "RANGE_NOT_SATISFIABLE",
+            ValidationFailed => "VALIDATION_FAILED",
+            ClientVersionUnsupported => "CLIENT_VERSION_UNSUPPORTED",
+            RateLimited => "RATE_LIMITED",
+            Internal => "INTERNAL",
+            ServiceUnavailable => "SERVICE_UNAVAILABLE",
+        }
+    }
+
+    fn default_message(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            BadRequest => "Bad request",
+            InvalidPageToken => "Invalid page token",
+            WeakPassword => "Password must be 8 to 72 bytes long",
+            InvalidBundle => "Invalid app bundle",
+            InvalidCredentials => "Invalid credentials",
+            InvalidPassword => "Current password is incorrect",
+            MissingToken => "Missing bearer token",
+            InvalidToken => "Invalid token",
+            TokenExpired => "Token expired",
+            Forbidden => "Insufficient role for this operation",
+            NotFound => "Not found",
+            MethodNotAllowed => "Method not allowed",
+            UnsupportedApiVersion => "Unsupported API version",
+            Conflict => "Conflict",
+            TransmissionMismatch => "Transmission id was already used with a different payload",
+            AttachmentExists => "Attachment already exists",
+            LastAdmin => "The last admin cannot be deleted or demoted",
+            RepositoryResetRequired => "The repository was reset; drop local state and sync again",
+            PayloadTooLarge => "Request body too large",
+            RangeNotSatisfiable => "Requested range not satisfiable",
+            ValidationFailed => "Validation failed",
+            ClientVersionUnsupported => "Client version not supported by this server",
+            RateLimited => "Too many requests",
+            Internal => "Internal server error",
+            ServiceUnavailable => "Service temporarily unavailable",
+        }
+    }
+}
+
+/// One item problem inside an error body.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ItemProblem {
+    #[serde(rename = "recordId", skip_serializing_if = "Option::is_none")]
+    pub record_id: Option<String>,
+    pub path: String,
+    pub code: String,
+    pub message: String,
+}
+
+impl ItemProblem {
+    pub fn new(path: impl Into<String>, code: impl Into<String>, message: impl Into<String>) -> Self {
+        ItemProblem { record_id: None, path: path.into(), code: code.into(), message: message.into() }
+    }
+}
+
+/// The error every handler returns. Internal causes are logged, never shown.
+#[derive(Debug)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub errors: Vec<ItemProblem>,
+    pub extra: Map<String, Value>,
+    pub headers: Vec<(header::HeaderName, String)>,
+    /// Logged at error level when the response is built; never sent.
+    pub cause: Option<String>,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+            errors: Vec::new(),
+            extra: Map::new(),
+            headers: Vec::new(),
+            cause: None,
+        }
+    }
+
+    pub fn of(code: ErrorCode) -> Self {
+        Self::new(code, code.default_message())
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::BadRequest, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+
+    pub fn forbidden() -> Self {
+        Self::of(ErrorCode::Forbidden)
+    }
+
+    /// An unexpected failure: the cause goes to the log, the client sees a generic 500.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        let mut e = Self::of(ErrorCode::Internal);
+        e.cause = Some(cause.to_string());
+        e
+    }
+
+    /// The database is unreachable: 503 with Retry-After so clients back off and retry.
+    pub fn unavailable(cause: impl std::fmt::Display) -> Self {
+        let mut e = Self::of(ErrorCode::ServiceUnavailable);
+        e.cause = Some(cause.to_string());
+        e.with_header(header::RETRY_AFTER, "5")
+    }
+
+    pub fn rate_limited(retry_after_secs: u64) -> Self {
+        let secs = retry_after_secs.max(1);
+        let mut e = Self::of(ErrorCode::RateLimited).with_header(header::RETRY_AFTER, secs.to_string());
+        e.extra.insert("retry_after".into(), Value::from(secs));
+        e
+    }
+
+    pub fn with_errors(mut self, errors: Vec<ItemProblem>) -> Self {
+        self.errors = errors;
+        self
+    }
+
+    pub fn with_extra(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.extra.insert(key.to_string(), value.into());
+        self
+    }
+
+    pub fn with_header(mut self, name: header::HeaderName, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    pub fn with_path(self, path: &str) -> Self {
+        let message = self.message.clone();
+        let code = self.code.as_str();
+        self.with_errors(vec![ItemProblem::new(path, code, message)])
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+/// At most this many item problems are sent; `detail` states the total.
+const MAX_ITEM_PROBLEMS: usize = 100;
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.code.status()
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let status = self.code.status();
+        let request_id = crate::http::request_id::current();
+        if status.is_server_error() {
+            tracing::error!(request_id = %request_id, code = self.code.as_str(),
+                cause = self.cause.as_deref().unwrap_or(""), "request failed");
+        }
+        let mut body = Map::new();
+        let code = Value::from(self.code.as_str());
+        let message = Value::from(self.message.clone());
+        body.insert("type".into(), Value::from(format!("urn:synkronus:error:{}", self.code.as_str())));
+        body.insert("title".into(), Value::from(status.canonical_reason().unwrap_or("Error")));
+        body.insert("status".into(), Value::from(status.as_u16()));
+        body.insert("detail".into(), message.clone());
+        body.insert("code".into(), code.clone());
+        body.insert("error".into(), code);
+        body.insert("message".into(), message);
+        body.insert("request_id".into(), Value::from(request_id));
+        if !self.errors.is_empty() {
+            let items: Vec<Value> = self
+                .errors
+                .iter()
+                .take(MAX_ITEM_PROBLEMS)
+                .filter_map(|p| serde_json::to_value(p).ok())
+                .collect();
+            body.insert("errors".into(), Value::Array(items));
+        }
+        for (k, v) in &self.extra {
+            body.insert(k.clone(), v.clone());
+        }
+        let mut builder = HttpResponse::build(status);
+        builder.insert_header((header::CONTENT_TYPE, "application/problem+json"));
+        if status == StatusCode::UNAUTHORIZED {
+            builder.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        for (name, value) in &self.headers {
+            builder.insert_header((name.clone(), value.clone()));
+        }
+        builder.body(Value::Object(body).to_string())
+    }
+}
+
+impl From<tokio_postgres::Error> for ApiError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if crate::db::is_connection_error(&e) {
+            ApiError::unavailable(e)
+        } else {
+            ApiError::internal(e)
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for ApiError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            other => ApiError::unavailable(other),
+        }
+    }
+}
+
+impl From<std::io::Error> for ApiError {
+    fn from(e: std::io::Error) -> Self {
+        ApiError::internal(e)
+    }
+}
+
+impl From<actix_web::error::BlockingError> for ApiError {
+    fn from(e: actix_web::error::BlockingError) -> Self {
+        ApiError::internal(e)
+    }
+}

@@ -1,0 +1,87 @@
+//! The outermost middleware: request id, tracing span, client-version gate (426), API version
+//! negotiation (406) and the headers every response carries.
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::middleware::Next;
+use actix_web::{HttpMessage, ResponseError};
+use tracing::Instrument;
+
+use crate::domain::api_version::{self, ApiVersion};
+use crate::error::{ApiError, ErrorCode};
+use crate::http::request_id;
+
+pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+const SERVER_MAJOR: u64 = 1;
+
+pub static X_API_VERSION_USED: HeaderName = HeaderName::from_static("x-api-version-used");
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static X_SYNKRONUS_VERSION: HeaderName = HeaderName::from_static("x-synkronus-version");
+
+pub async fn request_context(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let id = request_id::accept_or_generate(header_str(&req, "x-request-id"));
+    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.path());
+    let quiet = matches!(req.path(), "/health" | "/ready" | "/metrics");
+    let started = std::time::Instant::now();
+    let result = request_id::scope(id.clone(), async {
+        let negotiated = api_version::negotiate(header_str(&req, "x-api-version"));
+        let gate = client_version_gate(&req).and_then(|()| {
+            negotiated.ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::UnsupportedApiVersion,
+                    "Unsupported x-api-version; this server speaks 1.x",
+                )
+            })
+        });
+        let version = negotiated.unwrap_or(ApiVersion::V1_1);
+        let mut res = match gate {
+            Err(e) => req.into_response(e.error_response()),
+            Ok(v) => {
+                req.extensions_mut().insert(v);
+                next.call(req).await?.map_into_boxed_body()
+            }
+        };
+        let headers = res.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(&id) {
+            headers.insert(X_REQUEST_ID.clone(), v);
+        }
+        if !headers.contains_key(&X_API_VERSION_USED) {
+            headers.insert(X_API_VERSION_USED.clone(), HeaderValue::from_static(version.header_value()));
+        }
+        headers.insert(X_SYNKRONUS_VERSION.clone(), HeaderValue::from_static(SERVER_VERSION));
+        Ok(res)
+    })
+    .instrument(span.clone())
+    .await;
+    if let Ok(res) = &result {
+        let status = res.status().as_u16();
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let _enter = span.enter();
+        if quiet {
+            tracing::debug!(status, elapsed_ms, "request");
+        } else {
+            tracing::info!(status, elapsed_ms, "request");
+        }
+    }
+    result
+}
+
+/// `x-ode-version` of another major, or garbage, is refused before authentication (API.md 17.1).
+fn client_version_gate(req: &ServiceRequest) -> Result<(), ApiError> {
+    match header_str(req, "x-ode-version") {
+        None => Ok(()),
+        Some(v) if api_version::client_version_supported(v, SERVER_MAJOR) => Ok(()),
+        Some(_) => {
+            Err(ApiError::of(ErrorCode::ClientVersionUnsupported)
+                .with_extra("synkronus_version", SERVER_VERSION))
+        }
+    }
+}
+
+fn header_str<'a>(req: &'a ServiceRequest, name: &str) -> Option<&'a str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}

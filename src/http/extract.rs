@@ -1,0 +1,170 @@
+//! Request extractors that turn wire input into checked values or a 4xx from the error table.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+
+use actix_web::dev::Payload;
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use crate::auth::{bearer_token, AuthUser};
+use crate::domain::api_version::ApiVersion;
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::state::AppState;
+
+pub fn state(req: &HttpRequest) -> ApiResult<&AppState> {
+    req.app_data::<web::Data<AppState>>()
+        .map(|d| d.get_ref())
+        .ok_or_else(|| ApiError::internal("application state missing"))
+}
+
+/// The caller, authenticated. Missing or bad credentials give 401 before any role check.
+pub struct Auth(pub AuthUser);
+
+impl FromRequest for Auth {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, Self::Error>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let req = req.clone();
+        Box::pin(async move {
+            let state = state(&req)?;
+            let header = req.headers().get("authorization").and_then(|v| v.to_str().ok());
+            let token = bearer_token(header).ok_or_else(|| ApiError::of(ErrorCode::MissingToken))?;
+            let user = state.auth.verify(token, &state.pool).await?;
+            Ok(Auth(user))
+        })
+    }
+}
+
+/// A JSON request body, parsed whatever the Content-Type says (API.md 1.3). An empty body is
+/// `Value::Null`; size and nesting limits give 413 and 400.
+pub struct JsonBody(pub Value);
+
+impl FromRequest for JsonBody {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, Self::Error>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let limit = state(req).map(|s| s.config.max_json_body_bytes).unwrap_or(1 << 20);
+        let declared = req
+            .headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let mut payload = payload.take();
+        Box::pin(async move {
+            if declared.is_some_and(|n| n > limit) {
+                return Err(too_large(limit));
+            }
+            let mut body = web::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
+            while let Some(chunk) = payload.next().await {
+                let chunk = chunk.map_err(|_| ApiError::bad_request("Could not read the request body"))?;
+                if body.len() + chunk.len() > limit {
+                    return Err(too_large(limit));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(JsonBody(parse_json(&body)?))
+        })
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(ErrorCode::PayloadTooLarge, format!("Request body exceeds {limit} bytes"))
+}
+
+/// Parses JSON; serde_json's own recursion limit (128) enforces the nesting rule.
+pub fn parse_json(bytes: &[u8]) -> ApiResult<Value> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        let msg = if e.to_string().contains("recursion limit") {
+            "JSON nesting deeper than 128 levels".to_string()
+        } else {
+            format!("Malformed JSON: {e}")
+        };
+        ApiError::bad_request(msg)
+    })
+}
+
+/// The API version negotiated by the context middleware.
+pub fn api_version(req: &HttpRequest) -> ApiVersion {
+    req.extensions().get::<ApiVersion>().copied().unwrap_or(ApiVersion::V1_1)
+}
+
+/// A path parameter, percent-decoded exactly once (the router leaves `%2F` and `%25` encoded).
+pub fn path_param(req: &HttpRequest, name: &str) -> ApiResult<String> {
+    let raw = req.match_info().get(name).unwrap_or("");
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| ApiError::bad_request(format!("Path parameter '{name}' is not valid UTF-8")))
+}
+
+/// The client IP for rate limiting: X-Forwarded-For only counts from a trusted proxy.
+pub fn client_ip(req: &HttpRequest, trusted: &[ipnet::IpNet]) -> IpAddr {
+    let peer = req.peer_addr().map(|a| a.ip()).unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    if !trusted.iter().any(|net| net.contains(&peer)) {
+        return peer;
+    }
+    let forwarded = req.headers().get("x-forwarded-for").and_then(|v| v.to_str().ok());
+    // Walk from the nearest hop outwards, skipping our own proxies.
+    forwarded
+        .into_iter()
+        .flat_map(|v| v.split(',').rev())
+        .filter_map(|s| s.trim().parse::<IpAddr>().ok())
+        .find(|ip| !trusted.iter().any(|net| net.contains(ip)))
+        .unwrap_or(peer)
+}
+
+/// Typed access to fields of a JSON object body, with 400s that name the field.
+pub struct Fields<'a> {
+    obj: &'a serde_json::Map<String, Value>,
+}
+
+impl<'a> Fields<'a> {
+    pub fn of(body: &'a Value) -> ApiResult<Self> {
+        match body {
+            Value::Object(obj) => Ok(Fields { obj }),
+            _ => Err(ApiError::bad_request("Request body must be a JSON object")),
+        }
+    }
+
+    /// The first present alias, as a string; wrong type is a 400.
+    pub fn opt_str(&self, aliases: &[&str]) -> ApiResult<Option<&'a str>> {
+        for key in aliases {
+            match self.obj.get(*key) {
+                None | Some(Value::Null) => continue,
+                Some(Value::String(s)) => return Ok(Some(s.as_str())),
+                Some(_) => {
+                    return Err(ApiError::bad_request(format!("'{key}' must be a string"))
+                        .with_path(&format!("/{key}")))
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A required non-empty string under any of its aliases.
+    pub fn req_str(&self, aliases: &[&str]) -> ApiResult<&'a str> {
+        match self.opt_str(aliases)? {
+            Some(s) if !s.is_empty() => Ok(s),
+            _ => {
+                let key = aliases.first().copied().unwrap_or("field");
+                Err(ApiError::bad_request(format!("'{key}' is required")).with_path(&format!("/{key}")))
+            }
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
+        self.obj.get(key)
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.obj.contains_key(key)
+    }
+}

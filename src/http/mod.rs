@@ -1,0 +1,27 @@
+//! The HTTP surface: one routes table, served at the root, under `/api` and under `/api/v1`.
+
+pub mod auth;
+pub mod context;
+pub mod cors;
+pub mod extract;
+pub mod health;
+pub mod request_id;
+pub mod routing;
+pub mod users;
+
+use actix_web::web;
+
+/// Every route of the API (API.md), registered once per prefix by `configure`.
+fn api_routes(cfg: &mut web::ServiceConfig) {
+    health::routes(cfg);
+    auth::routes(cfg);
+    users::routes(cfg);
+}
+
+/// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(web::scope("/api/v1").configure(api_routes))
+        .service(web::scope("/api").configure(api_routes))
+        .service(routing::resource("/", "GET, HEAD").route(routing::get().to(health::root)))
+        .configure(api_routes);
+}

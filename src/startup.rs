@@ -1,0 +1,174 @@
+//! The app factory, used by `main` and by the tests: database, migrations, bootstrap, actors,
+//! then the HTTP listener (API.md section 2, "Startup order").
+
+use std::net::TcpListener;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix_web::dev::Server;
+use actix_web::middleware::{from_fn, NormalizePath, TrailingSlash};
+use actix_web::{web, App, HttpServer};
+use anyhow::Context;
+
+use crate::auth::rate_limit::LoginLimiter;
+use crate::auth::AuthService;
+use crate::config::{Config, DatabaseConfig};
+use crate::db;
+use crate::db::embedded::EmbeddedPostgres;
+use crate::domain::role::Role;
+use crate::http;
+use crate::state::AppState;
+
+/// The database name inside the embedded cluster.
+const EMBEDDED_DB_NAME: &str = "synkronus";
+
+pub struct Application {
+    port: u16,
+    server: Server,
+    embedded: Option<EmbeddedHandle>,
+    state: AppState,
+}
+
+/// The embedded cluster in use, and whether this process started it (and so should stop it).
+pub struct EmbeddedHandle {
+    pub cluster: EmbeddedPostgres,
+    pub started_here: bool,
+}
+
+/// Starts the embedded cluster (if configured) and returns a connection string for it.
+pub async fn database_connection(config: &Config) -> anyhow::Result<(String, Option<EmbeddedHandle>)> {
+    match &config.database {
+        DatabaseConfig::External(conn) => Ok((conn.clone(), None)),
+        DatabaseConfig::Embedded { pg_run_as, pg_bin_dir } => {
+            let pg = EmbeddedPostgres::new(config.data_root.join("postgres"), pg_bin_dir.clone(), pg_run_as)?;
+            std::fs::create_dir_all(&config.data_root)
+                .with_context(|| format!("DATA_ROOT: cannot create {}", config.data_root.display()))?;
+            let starter = pg.clone();
+            let started_here = tokio::task::spawn_blocking(move || starter.start()).await??;
+            pg.ensure_database(EMBEDDED_DB_NAME).await?;
+            Ok((pg.connection_string(EMBEDDED_DB_NAME), Some(EmbeddedHandle { cluster: pg, started_here })))
+        }
+    }
+}
+
+/// Connects (with retries) and applies migrations: what `serve` and `migrate` share.
+pub async fn connect_and_migrate(
+    config: &Config,
+) -> anyhow::Result<(deadpool_postgres::Pool, Option<EmbeddedHandle>)> {
+    let (conn, embedded) = database_connection(config).await?;
+    let pool = db::create_pool(&conn, config.db_pool_size)?;
+    db::wait_until_reachable(&pool).await?;
+    db::migrate(&pool).await.context("migrations failed")?;
+    Ok((pool, embedded))
+}
+
+impl Application {
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let config = Arc::new(config);
+        let (pool, embedded) = connect_and_migrate(&config).await?;
+        let auth = Arc::new(AuthService::new(&config.jwt_secret, config.jwt_ttl, config.refresh_ttl)?);
+        bootstrap_admin(&config, &pool, &auth).await?;
+        check_data_root(&config)?;
+        let actors = crate::actors::start(&config, &pool).await?;
+
+        let state = AppState {
+            config: config.clone(),
+            pool,
+            auth,
+            login_limiter: Arc::new(LoginLimiter::new(config.rate_limit_login_per_min)),
+            started_at: Instant::now(),
+            ready: Arc::new(AtomicBool::new(true)),
+            actors,
+        };
+
+        let listener = TcpListener::bind((config.bind_address, config.port))
+            .with_context(|| format!("cannot listen on {}:{}", config.bind_address, config.port))?;
+        let port = listener.local_addr()?.port();
+        let app_state = web::Data::new(state.clone());
+        let cors_origins = config.cors_allowed_origins.clone();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(app_state.clone())
+                .configure(http::configure)
+                .default_service(web::to(http::routing::not_found))
+                .wrap(http::cors::cors(&cors_origins))
+                .wrap(NormalizePath::new(TrailingSlash::Trim))
+                .wrap(from_fn(http::context::request_context))
+        })
+        .listen(listener)?
+        .shutdown_timeout(30)
+        .run();
+        tracing::info!(port, "listening");
+        Ok(Application { port, server, embedded, state })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// A handle that stops the server gracefully (used by tests and signal handling).
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until SIGINT/SIGTERM (actix drains in-flight requests for up to 30 s), then stops
+    /// the embedded cluster.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let result = self.server.await;
+        // A cluster adopted from a crashed run is ours too: nobody else will stop it.
+        if let Some(handle) = self.embedded {
+            tracing::info!("stopping the embedded PostgreSQL cluster");
+            tokio::task::spawn_blocking(move || handle.cluster.stop()).await??;
+        }
+        result.map_err(Into::into)
+    }
+}
+
+/// Creates the initial admin when the user table is empty, and warns while the default password works.
+async fn bootstrap_admin(
+    config: &Config,
+    pool: &deadpool_postgres::Pool,
+    auth: &AuthService,
+) -> anyhow::Result<()> {
+    let db = pool.get().await?;
+    let users = db::users::count(&db).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    if users == 0 {
+        let hash =
+            auth.hash_password(config.admin_password.clone()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        match db::users::insert(&db, &config.admin_username, None, &hash, Role::Admin).await {
+            Ok(_) => tracing::info!(username = %config.admin_username, "created the initial admin"),
+            // Another process bootstrapped at the same moment.
+            Err(e) if e.code == crate::error::ErrorCode::Conflict => {}
+            Err(e) => anyhow::bail!("cannot create the initial admin: {e}"),
+        }
+    }
+    if let Some(admin) =
+        db::users::find_by_username(&db, "admin").await.map_err(|e| anyhow::anyhow!("{e}"))?
+    {
+        let default_works =
+            auth.verify_password("admin".into(), Some(admin.password_hash)).await.unwrap_or(false);
+        if default_works {
+            tracing::warn!(
+                "SECURITY: the 'admin' account still has the default password 'admin'; change it now"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_data_root(config: &Config) -> anyhow::Result<()> {
+    for dir in [&config.data_root, &config.app_bundle_path, &config.attachments_path] {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("DATA_ROOT: cannot create {}", dir.display()))?;
+    }
+    let probe = config.data_root.join(".write-probe");
+    std::fs::write(&probe, b"ok")
+        .with_context(|| format!("DATA_ROOT: {} is not writable", config.data_root.display()))?;
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}

@@ -1,0 +1,26 @@
+//! What handlers share: configuration, the pool, the auth service and the actors' addresses.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::auth::rate_limit::LoginLimiter;
+use crate::auth::AuthService;
+use crate::config::Config;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub pool: deadpool_postgres::Pool,
+    pub auth: Arc<AuthService>,
+    pub login_limiter: Arc<LoginLimiter>,
+    pub started_at: Instant,
+    pub ready: Arc<AtomicBool>,
+    pub actors: crate::actors::Actors,
+}
+
+impl AppState {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,4 @@
+//! Black-box tests: the real server on a random port against a real PostgreSQL.
+mod helpers;
+
+mod foundation;
