@@ -1,1 +1,3 @@
 //! Pure types and rules: no I/O on the network or the database.
+pub mod bundle;
+pub mod mime;
