@@ -100,7 +100,8 @@ fn read_json_or_null(version_dir: &Path, path: Option<&str>) -> io::Result<Value
         return Ok(Value::Null);
     };
     let bytes = fs::read(contained_path(version_dir, path)?)?;
-    serde_json::from_slice(&bytes).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+    serde_json::from_slice(&bytes)
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
 }
 
 /// The `GET /app-bundle/changes` body, keys as in API.md 9.4.
@@ -152,8 +153,18 @@ pub struct FieldChange {
 pub fn diff_versions(a: &VersionView, b: &VersionView) -> BundleChanges {
     let path_item = |path: &String| ChangedPath { path: path.clone() };
     // BTreeMap iteration keeps every list sorted by path or form.
-    let added = b.files.keys().filter(|path| !a.files.contains_key(*path)).map(path_item).collect();
-    let removed = a.files.keys().filter(|path| !b.files.contains_key(*path)).map(path_item).collect();
+    let added = b
+        .files
+        .keys()
+        .filter(|path| !a.files.contains_key(*path))
+        .map(path_item)
+        .collect();
+    let removed = a
+        .files
+        .keys()
+        .filter(|path| !b.files.contains_key(*path))
+        .map(path_item)
+        .collect();
     let modified = b
         .files
         .iter()
@@ -162,10 +173,18 @@ pub fn diff_versions(a: &VersionView, b: &VersionView) -> BundleChanges {
         .collect();
 
     let form_item = |form: &String| FormName { form: form.clone() };
-    let new_forms: Vec<FormName> =
-        b.forms.keys().filter(|form| !a.forms.contains_key(*form)).map(form_item).collect();
-    let removed_forms: Vec<FormName> =
-        a.forms.keys().filter(|form| !b.forms.contains_key(*form)).map(form_item).collect();
+    let new_forms: Vec<FormName> = b
+        .forms
+        .keys()
+        .filter(|form| !a.forms.contains_key(*form))
+        .map(form_item)
+        .collect();
+    let removed_forms: Vec<FormName> = a
+        .forms
+        .keys()
+        .filter(|form| !b.forms.contains_key(*form))
+        .map(form_item)
+        .collect();
     let modified_forms: Vec<ModifiedForm> = b
         .forms
         .iter()
@@ -204,19 +223,17 @@ fn compare_form(form: &str, old: &FormView, new: &FormView) -> Option<ModifiedFo
     }
     let old_fields = field_types(&old.schema);
     let new_fields = field_types(&new.schema);
-    let mut added_fields: Vec<FieldChange> = new_fields
+    // Both lists come out sorted by field name: the maps are BTreeMaps.
+    let added_fields: Vec<FieldChange> = new_fields
         .iter()
         .filter(|(name, field_type)| old_fields.get(*name) != Some(*field_type))
         .map(|(name, field_type)| field_change(name, field_type))
         .collect();
-    let mut removed_fields: Vec<FieldChange> = old_fields
+    let removed_fields: Vec<FieldChange> = old_fields
         .iter()
         .filter(|(name, field_type)| new_fields.get(*name) != Some(*field_type))
         .map(|(name, field_type)| field_change(name, field_type))
         .collect();
-    // Already sorted by field name (BTreeMap); nothing else can tie.
-    added_fields.dedup();
-    removed_fields.dedup();
 
     let old_properties = top_level_properties(&old.schema);
     let new_properties = top_level_properties(&new.schema);
@@ -262,9 +279,7 @@ fn field_types(schema: &Value) -> BTreeMap<&String, &Value> {
 }
 
 /// Properties marked `"x-core": true` or named `core_*`.
-fn core_property_names(
-    properties: Option<&Map<String, Value>>,
-) -> impl Iterator<Item = &String> {
+fn core_property_names(properties: Option<&Map<String, Value>>) -> impl Iterator<Item = &String> {
     properties.into_iter().flat_map(|properties| {
         properties.iter().filter_map(|(name, property)| {
             let marked = property.get("x-core") == Some(&Value::Bool(true));

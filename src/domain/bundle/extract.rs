@@ -20,7 +20,9 @@ pub fn extract(bundle: &ValidatedBundle, zip_path: &Path, dest_dir: &Path) -> io
         let mut entry = archive.by_index(file.zip_index).map_err(io::Error::other)?;
         // The index must still name the validated entry: guards against being
         // handed a different archive than the one validated.
-        if entry.name_raw() != file.path.as_bytes() && entry.name().ok().as_deref() != Some(file.path.as_str()) {
+        if entry.name_raw() != file.path.as_bytes()
+            && entry.name().ok().as_deref() != Some(file.path.as_str())
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the archive does not match the validated bundle",
@@ -29,8 +31,14 @@ pub fn extract(bundle: &ValidatedBundle, zip_path: &Path, dest_dir: &Path) -> io
         if let Some(parent) = target.parent() {
             fs::create_dir_all(parent)?;
         }
-        let mut output = OpenOptions::new().write(true).create_new(true).open(&target)?;
-        let copied = io::copy(&mut io::Read::take(&mut entry, file.size.saturating_add(1)), &mut output)?;
+        let mut output = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&target)?;
+        let copied = io::copy(
+            &mut io::Read::take(&mut entry, file.size.saturating_add(1)),
+            &mut output,
+        )?;
         if copied != file.size {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -80,7 +88,15 @@ mod tests {
             contained_path(root, "app/index.html").ok(),
             Some(root.join("app").join("index.html"))
         );
-        for bad in ["", "../x", "a/../../x", "/etc/passwd", "a//b", "a/./b", "a\\b"] {
+        for bad in [
+            "",
+            "../x",
+            "a/../../x",
+            "/etc/passwd",
+            "a//b",
+            "a/./b",
+            "a\\b",
+        ] {
             assert!(contained_path(root, bad).is_err(), "{bad}");
         }
     }

@@ -32,7 +32,10 @@ pub(super) fn analyse_layout(entries: &[SafeEntry]) -> LayoutAnalysis {
         .any(|entry| entry.path.starts_with("app/") || (entry.is_dir && entry.path == "app"));
     let app_forms_hold_forms = files.iter().any(|path| {
         let segments: Vec<&str> = path.split('/').collect();
-        matches!(segments.as_slice(), ["app", "forms", _, SCHEMA_FILE | UI_FILE])
+        matches!(
+            segments.as_slice(),
+            ["app", "forms", _, SCHEMA_FILE | UI_FILE]
+        )
     });
     let layout = if !has_app_folder && files.contains("index.html") {
         Layout::Legacy
@@ -125,7 +128,11 @@ pub(super) fn analyse_layout(entries: &[SafeEntry]) -> LayoutAnalysis {
         Layout::Default | Layout::AppForms => files.contains("app/index.html"),
     };
     if !index_present {
-        let path = if has_app_folder { "app/index.html" } else { "index.html" };
+        let path = if has_app_folder {
+            "app/index.html"
+        } else {
+            "index.html"
+        };
         problems.push(Problem::new(
             path,
             codes::MISSING_APP_INDEX,

@@ -117,7 +117,11 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub(crate) fn new(path: impl Into<String>, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        path: impl Into<String>,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         Problem {
             path: path.into(),
             code,

@@ -53,7 +53,9 @@ pub(super) fn entry_point_is_acceptable(entry_point: &str) -> bool {
     !entry_point.starts_with('/')
         && !entry_point.starts_with('\\')
         && !has_drive_prefix(entry_point)
-        && !entry_point.split(['/', '\\']).any(|segment| segment == "..")
+        && !entry_point
+            .split(['/', '\\'])
+            .any(|segment| segment == "..")
 }
 
 /// CP437 upper half; the lower half is ASCII.
@@ -81,7 +83,13 @@ mod tests {
 
     #[test]
     fn safe_names_pass() {
-        for name in ["app/index.html", "app/", "forms/a b/schema.json", "é/x", "a..b/c"] {
+        for name in [
+            "app/index.html",
+            "app/",
+            "forms/a b/schema.json",
+            "é/x",
+            "a..b/c",
+        ] {
             assert_eq!(unsafe_name_reason(name), None, "{name}");
         }
     }
@@ -89,8 +97,21 @@ mod tests {
     #[test]
     fn unsafe_names_are_caught() {
         for name in [
-            "", "/etc/passwd", "C:\\x", "C:/x", "a\\b", "a/../b", "../a", "./a", "a/./b", "a//b",
-            "a\0b", "a\u{1}b", "a\u{7f}", "//", "a//",
+            "",
+            "/etc/passwd",
+            "C:\\x",
+            "C:/x",
+            "a\\b",
+            "a/../b",
+            "../a",
+            "./a",
+            "a/./b",
+            "a//b",
+            "a\0b",
+            "a\u{1}b",
+            "a\u{7f}",
+            "//",
+            "a//",
         ] {
             assert!(unsafe_name_reason(name).is_some(), "{name:?}");
         }

@@ -15,8 +15,7 @@ use super::layout::{analyse_layout, MANIFEST_FILE};
 use super::paths::entry_point_is_acceptable;
 use super::structure::{scan_archive, SafeEntry};
 use super::{
-    codes, steps, BundleFile, BundleRejection, DeclaredManifest, Limits, Problem,
-    ValidatedBundle,
+    codes, steps, BundleFile, BundleRejection, DeclaredManifest, Limits, Problem, ValidatedBundle,
 };
 
 /// Validates the ZIP at `zip_path` (API.md 9.2 steps 1 to 4).
@@ -106,7 +105,9 @@ pub(super) fn read_small_file(
     }
     let reader = archive.by_index(entry.index).map_err(io::Error::other)?;
     let mut bytes = Vec::new();
-    reader.take(max_bytes.saturating_add(1)).read_to_end(&mut bytes)?;
+    reader
+        .take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max_bytes {
         return Ok(SmallFile::TooLarge);
     }
@@ -120,7 +121,13 @@ fn read_manifest(
     entry: &SafeEntry,
     limits: &Limits,
 ) -> Result<DeclaredManifest, Vec<Problem>> {
-    let invalid = |message: String| vec![Problem::new(MANIFEST_FILE, codes::MANIFEST_INVALID, message)];
+    let invalid = |message: String| {
+        vec![Problem::new(
+            MANIFEST_FILE,
+            codes::MANIFEST_INVALID,
+            message,
+        )]
+    };
     let bytes = match read_small_file(archive, entry, limits.max_manifest_bytes) {
         Ok(SmallFile::Bytes(bytes)) => bytes,
         Ok(SmallFile::TooLarge) => {

@@ -84,10 +84,13 @@ mod tests {
     #[test]
     fn time_ids_and_markers() {
         let time = Utc.with_ymd_and_hms(2025, 6, 25, 12, 0, 3).single();
-        assert_eq!(time.map(version_id_from_time).as_deref(), Some("20250625-120003"));
+        assert_eq!(
+            time.map(version_id_from_time).as_deref(),
+            Some("20250625-120003")
+        );
         assert_eq!(strip_active_marker("20250625-120000 *"), "20250625-120000");
         assert_eq!(strip_active_marker("20250625-120000"), "20250625-120000");
-        assert_eq!(strip_active_marker("x **"), "x *");
+        assert_eq!(strip_active_marker("x * *"), "x *");
         let candidates: Vec<String> = version_id_candidates("20250625-120000").take(3).collect();
         assert_eq!(
             candidates,

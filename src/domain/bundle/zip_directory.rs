@@ -62,7 +62,8 @@ pub(super) fn declared_entry_count<R: Read + Seek>(reader: &mut R) -> io::Result
     }
     reader.seek(SeekFrom::Start(record_position))?;
     let mut record = [0u8; 56];
-    if reader.read_exact(&mut record).is_err() || read_u32(&record, 0) != Some(ZIP64_EOCD_SIGNATURE) {
+    if reader.read_exact(&mut record).is_err() || read_u32(&record, 0) != Some(ZIP64_EOCD_SIGNATURE)
+    {
         return Ok(None);
     }
     Ok(read_u64(&record, 32))
