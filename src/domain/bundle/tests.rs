@@ -927,3 +927,33 @@ fn renderer_references_must_resolve() {
     );
     assert_eq!(rejection.problems.len(), 1, "{rejection:?}");
 }
+
+#[test]
+fn declared_entry_count_reads_the_end_record() {
+    let mut file = std::fs::File::open(fixture("valid_bundle01.zip")).expect("open");
+    assert_eq!(
+        super::zip_directory::declared_entry_count(&mut file).expect("read"),
+        Some(7)
+    );
+    let mut not_zip = std::io::Cursor::new(b"no end record here".to_vec());
+    assert_eq!(
+        super::zip_directory::declared_entry_count(&mut not_zip).expect("read"),
+        None
+    );
+}
+
+#[test]
+fn app_forms_root_only_holds_forms() {
+    let bytes = zip_bytes(&[
+        Item::File("app/index.html", b"<html/>"),
+        Item::File("app/forms/visit/schema.json", SCHEMA.as_bytes()),
+        Item::File("app/forms/visit/ui.json", UI.as_bytes()),
+        Item::File("app/forms/helper.js", b"1"),
+    ]);
+    assert_rejected(
+        validate_bytes(&bytes),
+        steps::STRUCTURE,
+        codes::UNEXPECTED_ENTRY,
+        Some("app/forms/helper.js"),
+    );
+}
