@@ -1,5 +1,7 @@
 //! Pure types and rules: no I/O on the network or the database.
 pub mod api_version;
+pub mod bundle;
+pub mod mime;
 pub mod page_token;
 pub mod role;
 pub mod time;
