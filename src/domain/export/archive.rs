@@ -33,19 +33,17 @@ impl<W: Write> ExportZip<W> {
     /// it entries carry the ZIP epoch, 1980-01-01, as the clock is not read here.
     /// Times outside the DOS range (1980-2107) are ignored.
     pub fn with_modified_time(mut self, time: DateTime<Utc>) -> Self {
-        self.modified = u16::try_from(time.year())
+        self.modified = u16::try_from(time.year()).ok().and_then(|year| {
+            zip::DateTime::from_date_and_time(
+                year,
+                time.month() as u8,
+                time.day() as u8,
+                time.hour() as u8,
+                time.minute() as u8,
+                time.second().min(59) as u8,
+            )
             .ok()
-            .and_then(|year| {
-                zip::DateTime::from_date_and_time(
-                    year,
-                    time.month() as u8,
-                    time.day() as u8,
-                    time.hour() as u8,
-                    time.minute() as u8,
-                    time.second().min(59) as u8,
-                )
-                .ok()
-            });
+        });
         self
     }
 

@@ -7,11 +7,11 @@
 //! never on the number of rows exported.
 
 mod archive;
-mod csv;
+mod csv_writer;
 mod inference;
 mod json;
 mod names;
-mod parquet;
+mod parquet_writer;
 
 #[cfg(test)]
 mod tests;
@@ -20,11 +20,11 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 pub use self::archive::ExportZip;
-pub use self::csv::CsvFormWriter;
+pub use self::csv_writer::CsvFormWriter;
 pub use self::inference::{ColumnInference, ColumnType, DataColumn, MAX_DATA_COLUMNS};
 pub use self::json::{observation_json, write_ndjson_line};
 pub use self::names::{entry_name_for_form_type, raw_json_entry_name, MAX_ENTRY_NAME_BYTES};
-pub use self::parquet::{ParquetFormWriter, MAX_ROW_GROUP_ROWS};
+pub use self::parquet_writer::{ParquetFormWriter, MAX_ROW_GROUP_ROWS};
 
 /// One observation as it leaves the database for an export.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,9 +50,9 @@ pub enum ExportError {
     #[error("export I/O failed: {0}")]
     Io(#[from] std::io::Error),
     #[error("export ZIP encoding failed: {0}")]
-    Zip(#[from] ::zip::result::ZipError),
+    Zip(#[from] zip::result::ZipError),
     #[error("export Parquet encoding failed: {0}")]
-    Parquet(#[from] ::parquet::errors::ParquetError),
+    Parquet(#[from] parquet::errors::ParquetError),
     #[error("export Arrow encoding failed: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
     #[error("export JSON encoding failed: {0}")]
@@ -74,4 +74,3 @@ pub fn format_timestamp(ts: DateTime<Utc>) -> String {
         format!("{base}.{}Z", fraction.trim_end_matches('0'))
     }
 }
-
