@@ -797,3 +797,43 @@ fn raw_json_zip() {
     assert_eq!(value["author"], json!("alice"));
     assert_eq!(value["version"], json!(41));
 }
+
+/// Writes a sample Parquet ZIP and CSV ZIP for external readers (tests/export_check.py):
+/// `EXPORT_SAMPLE_DIR=/tmp/x cargo test --lib domain::export::tests::write_sample_zips -- --ignored`
+#[test]
+#[ignore = "writes files for the optional pyarrow/duckdb check"]
+fn write_sample_zips() {
+    let dir = std::path::PathBuf::from(std::env::var("EXPORT_SAMPLE_DIR").unwrap());
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut many: Vec<ExportRow> = (0..12_345)
+        .map(|i| {
+            row(
+                &format!("p{i}"),
+                "person/v2",
+                i + 100,
+                json!({ "age": i % 90, "w": 0.5 }),
+            )
+        })
+        .collect();
+    many[7].data = j(r#"{"age": 3, "w": 1, "nick": "Bo"}"#);
+    let groups = [("household", household_rows()), ("person/v2", many)];
+    std::fs::write(dir.join("parquet.zip"), write_parquet_zip(&groups)).unwrap();
+
+    let mut zip = ExportZip::new(Vec::new());
+    let mut used = HashSet::new();
+    for (form_type, rows) in &groups {
+        let mut inf = ColumnInference::new();
+        rows.iter().for_each(|r| inf.observe(&r.data));
+        let name = entry_name_for_form_type(form_type, &mut used);
+        zip.start_csv_entry(&format!("{name}.csv")).unwrap();
+        let mut writer = CsvFormWriter::new(&mut zip, &inf.finish()).unwrap();
+        writer.write_batch(rows).unwrap();
+        writer.finish().unwrap();
+    }
+    std::fs::write(dir.join("csv.zip"), zip.finish().unwrap()).unwrap();
+    std::fs::write(
+        dir.join("empty.zip"),
+        ExportZip::new(Vec::new()).finish().unwrap(),
+    )
+    .unwrap();
+}
