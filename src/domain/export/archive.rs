@@ -40,7 +40,7 @@ impl<W: Write> ExportZip<W> {
                 time.day() as u8,
                 time.hour() as u8,
                 time.minute() as u8,
-                time.second().min(59) as u8,
+                time.second() as u8,
             )
             .ok()
         });
