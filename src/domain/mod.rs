@@ -1,6 +1,7 @@
 //! Pure types and rules: no I/O on the network or the database.
 pub mod api_version;
 pub mod bundle;
+pub mod export;
 pub mod mime;
 pub mod page_token;
 pub mod role;

@@ -1,0 +1,239 @@
+//! Data-column inference (API.md 13.2): one pass over a form type's rows
+//! collects, per flattened leaf path, the JSON kinds seen; the writing pass then
+//! projects every row onto the resulting column set.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{Map, Value};
+
+/// At most this many data columns per file; all values remain in `data`.
+pub const MAX_DATA_COLUMNS: usize = 1000;
+
+/// Every data column name starts with this; the fixed `data` column cannot collide.
+const COLUMN_PREFIX: &str = "data_";
+
+/// Objects nested deeper than this are treated as leaves (compact JSON text), so
+/// a pathological document cannot exhaust the export thread's stack.
+const MAX_FLATTEN_DEPTH: usize = 64;
+
+/// Storage type of a data column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ColumnType {
+    Boolean,
+    Int64,
+    Float64,
+    /// Strings as they are; any other value as compact JSON text.
+    Utf8,
+}
+
+/// One inferred data column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataColumn {
+    /// The full column name, `data_<path>`.
+    pub name: String,
+    pub column_type: ColumnType,
+}
+
+impl DataColumn {
+    /// The flattened path inside `data` (the name without its `data_` prefix).
+    pub fn path(&self) -> &str {
+        self.name.strip_prefix(COLUMN_PREFIX).unwrap_or(&self.name)
+    }
+}
+
+// Kinds seen at one path, as a bit set: inference only needs to know which kinds
+// occurred, which keeps the state per path at one byte whatever the row count.
+const KIND_NULL: u8 = 1;
+const KIND_BOOL: u8 = 1 << 1;
+const KIND_INT: u8 = 1 << 2;
+/// An integer literal outside i64: not INT64, but still an integer for DOUBLE.
+const KIND_BIG_INT: u8 = 1 << 3;
+const KIND_FLOAT: u8 = 1 << 4;
+const KIND_STRING: u8 = 1 << 5;
+/// Arrays, objects past the depth limit, and numbers no f64 can hold.
+const KIND_OTHER: u8 = 1 << 6;
+
+/// Accumulates the kinds seen per data column over any number of rows.
+///
+/// Only the first [`MAX_DATA_COLUMNS`] names (in byte order) are kept: a name
+/// that sorts after 1,000 others already seen can never be in the output, so
+/// memory stays bounded even when every row brings new keys.
+#[derive(Debug, Default, Clone)]
+pub struct ColumnInference {
+    kinds: BTreeMap<String, u8>,
+}
+
+impl ColumnInference {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds one row's `data`. A non-object `data` has no leaves and adds nothing.
+    pub fn observe(&mut self, data: &Value) {
+        let kinds = &mut self.kinds;
+        for_each_leaf(data, &mut |name, value| {
+            let kind = kind_of(value);
+            if let Some(bits) = kinds.get_mut(name) {
+                *bits |= kind;
+                return;
+            }
+            if kinds.len() >= MAX_DATA_COLUMNS {
+                match kinds.last_key_value() {
+                    Some((last, _)) if name > last.as_str() => return,
+                    _ => {}
+                }
+            }
+            kinds.insert(name.to_owned(), kind);
+            if kinds.len() > MAX_DATA_COLUMNS {
+                kinds.pop_last();
+            }
+        });
+    }
+
+    /// Number of columns currently tracked (never more than [`MAX_DATA_COLUMNS`]).
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+
+    /// The data columns, sorted by name, with their inferred types.
+    pub fn finish(self) -> Vec<DataColumn> {
+        self.kinds
+            .into_iter()
+            .map(|(name, bits)| DataColumn {
+                name,
+                column_type: resolve(bits),
+            })
+            .collect()
+    }
+}
+
+fn kind_of(value: &Value) -> u8 {
+    match value {
+        Value::Null => KIND_NULL,
+        Value::Bool(_) => KIND_BOOL,
+        Value::Number(n) => {
+            if n.is_i64() {
+                KIND_INT
+            } else if n.as_f64().is_none() {
+                KIND_OTHER
+            } else if n.is_u64() || is_integer_literal(&n.to_string()) {
+                KIND_BIG_INT
+            } else {
+                KIND_FLOAT
+            }
+        }
+        Value::String(_) => KIND_STRING,
+        Value::Array(_) | Value::Object(_) => KIND_OTHER,
+    }
+}
+
+/// With arbitrary_precision a number keeps its source text; `10` is an integer,
+/// `10.0` and `1e1` are not (they say the producer meant a real number).
+fn is_integer_literal(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn resolve(bits: u8) -> ColumnType {
+    let seen = bits & !KIND_NULL;
+    let numeric = KIND_INT | KIND_BIG_INT | KIND_FLOAT;
+    if seen == KIND_BOOL {
+        ColumnType::Boolean
+    } else if seen == KIND_INT {
+        ColumnType::Int64
+    } else if seen & KIND_FLOAT != 0 && seen & !numeric == 0 {
+        ColumnType::Float64
+    } else {
+        // Only strings, only nulls, arrays, mixed kinds, or integers that do not
+        // all fit i64 (exact text beats a lossy double when nothing forces one).
+        ColumnType::Utf8
+    }
+}
+
+/// Calls `f(column_name, value)` for each leaf of an object, flattening nested
+/// objects with `.`. Arrays are leaves; empty objects have no leaves.
+pub(crate) fn for_each_leaf<'a, F>(data: &'a Value, f: &mut F)
+where
+    F: FnMut(&str, &'a Value),
+{
+    if let Value::Object(map) = data {
+        let mut name = String::from(COLUMN_PREFIX);
+        walk(map, &mut name, 0, f);
+    }
+}
+
+fn walk<'a, F>(map: &'a Map<String, Value>, name: &mut String, depth: usize, f: &mut F)
+where
+    F: FnMut(&str, &'a Value),
+{
+    for (key, value) in map {
+        let len = name.len();
+        if depth > 0 {
+            name.push('.');
+        }
+        name.push_str(key);
+        match value {
+            Value::Object(inner) if depth < MAX_FLATTEN_DEPTH => walk(inner, name, depth + 1, f),
+            leaf => f(name, leaf),
+        }
+        name.truncate(len);
+    }
+}
+
+/// Maps a row's `data` onto a fixed column set for the writing pass.
+#[derive(Debug, Clone)]
+pub(crate) struct ColumnProjector {
+    index: HashMap<String, usize>,
+    width: usize,
+}
+
+impl ColumnProjector {
+    pub(crate) fn new(columns: &[DataColumn]) -> Self {
+        let index = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.clone(), i))
+            .collect();
+        Self {
+            index,
+            width: columns.len(),
+        }
+    }
+
+    /// Fills `out` with one slot per column. When two paths of the same row map to
+    /// one name (`{"a.b": 1, "a": {"b": 2}}`) the first non-null in key order wins;
+    /// inference saw both, so the column type accepts either.
+    pub(crate) fn project<'a>(&self, data: &'a Value, out: &mut Vec<Option<&'a Value>>) {
+        out.clear();
+        out.resize(self.width, None);
+        if self.width == 0 {
+            return;
+        }
+        for_each_leaf(data, &mut |name, value| {
+            if value.is_null() {
+                return;
+            }
+            if let Some(&i) = self.index.get(name) {
+                if let Some(slot) = out.get_mut(i) {
+                    if slot.is_none() {
+                        *slot = Some(value);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Text of a value in a UTF8 column: strings as they are, anything else as
+/// compact JSON (numbers keep their source text thanks to arbitrary_precision).
+pub(crate) fn text_of(value: &Value) -> Cow<'_, str> {
+    match value {
+        Value::String(s) => Cow::Borrowed(s.as_str()),
+        other => Cow::Owned(other.to_string()),
+    }
+}
