@@ -125,7 +125,7 @@ pub async fn run(ctx: Arc<Ctx>, a: AttachmentArgs) -> Result<()> {
         let other = Bytes::from(payload::random_bytes(bytes.len().max(1), &mut rng));
         match ctx
             .api
-            .upload_attachment("conflict_upload (409 expected)", id, other)
+            .upload_attachment_expecting("conflict_upload", id, other, Some(409))
             .await
         {
             Err(f) if f.status() == Some(409) => {}
