@@ -471,6 +471,19 @@ impl Api {
         self.decode(kind, &resp.body)
     }
 
+    /// `POST /sync/push` of a body built by `RecordPool::push_body`.
+    pub async fn push_raw(&self, kind: &str, body: Bytes) -> Result<PushResult, Fail> {
+        let url = self.base.join("/sync/push");
+        let resp = self
+            .exec(kind, true, |c, _| {
+                c.post(&url)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        self.decode(kind, &resp.body)
+    }
+
     /// `GET /app-bundle/manifest`, conditional when `etag` is given.
     pub async fn manifest(&self, kind: &str, etag: Option<&str>) -> Result<ManifestAnswer, Fail> {
         let url = self.base.join("/app-bundle/manifest");

@@ -133,6 +133,7 @@ pub struct PushStormArgs {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub batch: u64,
     #[command(flatten)]
+    #[serde(flatten)]
     pub shape: RecordShape,
     /// Skip the final pull that checks every acknowledged record is present.
     #[arg(long)]
@@ -160,6 +161,7 @@ pub struct InitialSyncArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub seed_concurrency: u64,
     #[command(flatten)]
+    #[serde(flatten)]
     pub shape: RecordShape,
 }
 
@@ -172,6 +174,7 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub batch: u64,
     #[command(flatten)]
+    #[serde(flatten)]
     pub shape: RecordShape,
     /// Relative weight of incremental pulls.
     #[arg(long, default_value_t = 40)]
@@ -256,6 +259,7 @@ pub struct ExportArgs {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub batch: u64,
     #[command(flatten)]
+    #[serde(flatten)]
     pub shape: RecordShape,
     /// Seconds of push storm without an export (the baseline).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -303,6 +307,7 @@ pub struct DbCeilingArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub concurrency: u64,
     #[command(flatten)]
+    #[serde(flatten)]
     pub shape: RecordShape,
     /// Keep the scratch table instead of dropping it.
     #[arg(long)]
@@ -321,6 +326,7 @@ pub struct SeedArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub concurrency: u64,
     #[command(flatten)]
+    #[serde(flatten)]
     pub shape: RecordShape,
     /// Form type of the seeded records.
     #[arg(long, default_value = "load_seed")]

@@ -306,6 +306,7 @@ pub async fn seed_records(
         let (kind, form_type) = (kind.to_string(), form_type.to_string());
         set.spawn(async move {
             let mut rng = ctx.rng();
+            let pool = payload::RecordPool::new(&form_type, payload_bytes as usize, 16, &mut rng);
             let client_id = format!("load-{}-seed{w}", ctx.run);
             let mut last_head = 0i64;
             loop {
@@ -315,18 +316,17 @@ pub async fn seed_records(
                 }
                 let first = b * batch;
                 let n = batch.min(total - first);
-                let records: Vec<Value> = (first..first + n)
-                    .map(|i| {
-                        // `s` keeps seeded ids apart from the per-device ids of storms.
-                        let id = format!("obs_{}_s_{i}", ctx.run);
-                        payload::record(&id, &form_type, payload_bytes as usize, &mut rng)
-                    })
+                // `s` keeps seeded ids apart from the per-device ids of storms.
+                let ids: Vec<String> = (first..first + n)
+                    .map(|i| format!("obs_{}_s_{i}", ctx.run))
                     .collect();
                 let mut ok = false;
                 for _attempt in 0..5 {
-                    match ctx.api.push(&kind, &client_id, &records).await {
+                    let tx = uuid::Uuid::new_v4().to_string();
+                    let body = bytes::Bytes::from(pool.push_body(&tx, &client_id, &ids, &mut rng));
+                    match ctx.api.push_raw(&kind, body).await {
                         Ok(res) => {
-                            check_push(&ctx.stats, &res, records.len(), &mut last_head);
+                            check_push(&ctx.stats, &res, ids.len(), &mut last_head);
                             ok = true;
                             break;
                         }

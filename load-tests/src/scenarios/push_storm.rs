@@ -5,8 +5,9 @@
 use super::{backoff, check_push, rate, Bounds, Ctx, PullLoop};
 use crate::cli::PushStormArgs;
 use crate::payload;
+use crate::payload::RecordPool;
 use anyhow::Result;
-use serde_json::Value;
+use bytes::Bytes;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,6 +44,7 @@ pub async fn storm(ctx: &Arc<Ctx>, spec: &StormSpec, bounds: Arc<Bounds>) -> Sto
         let device = d + spec.device_offset;
         set.spawn(async move {
             let mut rng = ctx.rng();
+            let pool = RecordPool::new(&form_type, payload_bytes, 16, &mut rng);
             let client_id = format!("load-{}-dev{device}", ctx.run);
             let mut last_head = 0i64;
             let mut heads = Vec::new();
@@ -50,16 +52,15 @@ pub async fn storm(ctx: &Arc<Ctx>, spec: &StormSpec, bounds: Arc<Bounds>) -> Sto
             let mut attempt = 0u64;
             while bounds.take() {
                 let base = attempt * batch;
-                let batch_records: Vec<Value> = (base..base + batch)
-                    .map(|seq| {
-                        let id = payload::observation_id(&ctx.run, device, seq);
-                        payload::record(&id, &form_type, payload_bytes, &mut rng)
-                    })
+                let ids: Vec<String> = (base..base + batch)
+                    .map(|seq| payload::observation_id(&ctx.run, device, seq))
                     .collect();
+                let tx = uuid::Uuid::new_v4().to_string();
+                let body = Bytes::from(pool.push_body(&tx, &client_id, &ids, &mut rng));
                 attempt += 1;
-                match ctx.api.push(&kind, &client_id, &batch_records).await {
+                match ctx.api.push_raw(&kind, body).await {
                     Ok(res) => {
-                        check_push(&ctx.stats, &res, batch_records.len(), &mut last_head);
+                        check_push(&ctx.stats, &res, ids.len(), &mut last_head);
                         records += batch;
                         pushes += 1;
                         ctx.stats.add("records_pushed", batch);
