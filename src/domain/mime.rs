@@ -41,10 +41,7 @@ mod tests {
     fn table_entries_are_case_insensitive() {
         assert_eq!(mime_for_path("app/index.html"), "text/html; charset=utf-8");
         assert_eq!(mime_for_path("app/INDEX.HTM"), "text/html; charset=utf-8");
-        assert_eq!(
-            mime_for_path("renderers/x/renderer.jsx"),
-            "text/javascript; charset=utf-8"
-        );
+        assert_eq!(mime_for_path("renderers/x/renderer.jsx"), "text/javascript; charset=utf-8");
         assert_eq!(mime_for_path("a.MJS"), "text/javascript; charset=utf-8");
         assert_eq!(mime_for_path("a.js"), "text/javascript; charset=utf-8");
         assert_eq!(mime_for_path("s.Css"), "text/css; charset=utf-8");

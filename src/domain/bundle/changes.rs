@@ -34,11 +34,7 @@ impl VersionView {
     pub fn from_manifest(manifest: &BundleManifest, forms: BTreeMap<String, FormView>) -> Self {
         VersionView {
             version: manifest.version.clone(),
-            files: manifest
-                .files
-                .iter()
-                .map(|file| (file.path.clone(), file.hash.clone()))
-                .collect(),
+            files: manifest.files.iter().map(|file| (file.path.clone(), file.hash.clone())).collect(),
             forms,
         }
     }
@@ -67,9 +63,7 @@ pub struct FormFilePaths {
 /// Groups the form files of a version's file list by form type. The forms
 /// root is `app/forms/` when any `app/forms/<type>/` holds a form file (the
 /// app-forms layout), else `forms/` (API.md 9.1).
-pub fn form_file_paths<'a>(
-    paths: impl IntoIterator<Item = &'a str>,
-) -> BTreeMap<String, FormFilePaths> {
+pub fn form_file_paths<'a>(paths: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, FormFilePaths> {
     let mut by_root: BTreeMap<&str, BTreeMap<String, FormFilePaths>> = BTreeMap::new();
     for path in paths {
         let segments: Vec<&str> = path.split('/').collect();
@@ -78,21 +72,14 @@ pub fn form_file_paths<'a>(
             ["app", "forms", form, file] => ("app/forms", *form, *file),
             _ => continue,
         };
-        let slot = by_root
-            .entry(root)
-            .or_default()
-            .entry(form.to_owned())
-            .or_default();
+        let slot = by_root.entry(root).or_default().entry(form.to_owned()).or_default();
         match file {
             SCHEMA_FILE => slot.schema = Some(path.to_owned()),
             UI_FILE => slot.ui = Some(path.to_owned()),
             _ => {}
         }
     }
-    by_root
-        .remove("app/forms")
-        .or_else(|| by_root.remove("forms"))
-        .unwrap_or_default()
+    by_root.remove("app/forms").or_else(|| by_root.remove("forms")).unwrap_or_default()
 }
 
 fn read_json_or_null(version_dir: &Path, path: Option<&str>) -> io::Result<Value> {
@@ -100,8 +87,7 @@ fn read_json_or_null(version_dir: &Path, path: Option<&str>) -> io::Result<Value
         return Ok(Value::Null);
     };
     let bytes = fs::read(contained_path(version_dir, path)?)?;
-    serde_json::from_slice(&bytes)
-        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+    serde_json::from_slice(&bytes).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
 }
 
 /// The `GET /app-bundle/changes` body, keys as in API.md 9.4.
@@ -153,18 +139,8 @@ pub struct FieldChange {
 pub fn diff_versions(a: &VersionView, b: &VersionView) -> BundleChanges {
     let path_item = |path: &String| ChangedPath { path: path.clone() };
     // BTreeMap iteration keeps every list sorted by path or form.
-    let added = b
-        .files
-        .keys()
-        .filter(|path| !a.files.contains_key(*path))
-        .map(path_item)
-        .collect();
-    let removed = a
-        .files
-        .keys()
-        .filter(|path| !b.files.contains_key(*path))
-        .map(path_item)
-        .collect();
+    let added = b.files.keys().filter(|path| !a.files.contains_key(*path)).map(path_item).collect();
+    let removed = a.files.keys().filter(|path| !b.files.contains_key(*path)).map(path_item).collect();
     let modified = b
         .files
         .iter()
@@ -173,18 +149,10 @@ pub fn diff_versions(a: &VersionView, b: &VersionView) -> BundleChanges {
         .collect();
 
     let form_item = |form: &String| FormName { form: form.clone() };
-    let new_forms: Vec<FormName> = b
-        .forms
-        .keys()
-        .filter(|form| !a.forms.contains_key(*form))
-        .map(form_item)
-        .collect();
-    let removed_forms: Vec<FormName> = a
-        .forms
-        .keys()
-        .filter(|form| !b.forms.contains_key(*form))
-        .map(form_item)
-        .collect();
+    let new_forms: Vec<FormName> =
+        b.forms.keys().filter(|form| !a.forms.contains_key(*form)).map(form_item).collect();
+    let removed_forms: Vec<FormName> =
+        a.forms.keys().filter(|form| !b.forms.contains_key(*form)).map(form_item).collect();
     let modified_forms: Vec<ModifiedForm> = b
         .forms
         .iter()
@@ -237,9 +205,8 @@ fn compare_form(form: &str, old: &FormView, new: &FormView) -> Option<ModifiedFo
 
     let old_properties = top_level_properties(&old.schema);
     let new_properties = top_level_properties(&new.schema);
-    let core_names: BTreeSet<&String> = core_property_names(old_properties)
-        .chain(core_property_names(new_properties))
-        .collect();
+    let core_names: BTreeSet<&String> =
+        core_property_names(old_properties).chain(core_property_names(new_properties)).collect();
     let core_changed = core_names.into_iter().any(|name| {
         old_properties.and_then(|properties| properties.get(name))
             != new_properties.and_then(|properties| properties.get(name))
@@ -256,10 +223,7 @@ fn compare_form(form: &str, old: &FormView, new: &FormView) -> Option<ModifiedFo
 }
 
 fn field_change(name: &str, field_type: &Value) -> FieldChange {
-    FieldChange {
-        field: name.to_owned(),
-        field_type: field_type.clone(),
-    }
+    FieldChange { field: name.to_owned(), field_type: field_type.clone() }
 }
 
 fn top_level_properties(schema: &Value) -> Option<&Map<String, Value>> {

@@ -31,14 +31,8 @@ pub fn extract(bundle: &ValidatedBundle, zip_path: &Path, dest_dir: &Path) -> io
         if let Some(parent) = target.parent() {
             fs::create_dir_all(parent)?;
         }
-        let mut output = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&target)?;
-        let copied = io::copy(
-            &mut io::Read::take(&mut entry, file.size.saturating_add(1)),
-            &mut output,
-        )?;
+        let mut output = OpenOptions::new().write(true).create_new(true).open(&target)?;
+        let copied = io::copy(&mut io::Read::take(&mut entry, file.size.saturating_add(1)), &mut output)?;
         if copied != file.size {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -53,12 +47,8 @@ pub fn extract(bundle: &ValidatedBundle, zip_path: &Path, dest_dir: &Path) -> io
 /// `dest_dir` joined with the `/`-separated `relative` path, refusing any
 /// component that is not a plain name.
 pub(super) fn contained_path(dest_dir: &Path, relative: &str) -> io::Result<PathBuf> {
-    let unsafe_path = || {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("unsafe bundle path {relative:?}"),
-        )
-    };
+    let unsafe_path =
+        || io::Error::new(io::ErrorKind::InvalidInput, format!("unsafe bundle path {relative:?}"));
     let mut target = dest_dir.to_path_buf();
     for segment in relative.split('/') {
         if segment.is_empty() || segment.contains('\\') || segment.contains('\0') {
@@ -84,19 +74,8 @@ mod tests {
     #[test]
     fn paths_stay_inside() {
         let root = Path::new("/tmp/dest");
-        assert_eq!(
-            contained_path(root, "app/index.html").ok(),
-            Some(root.join("app").join("index.html"))
-        );
-        for bad in [
-            "",
-            "../x",
-            "a/../../x",
-            "/etc/passwd",
-            "a//b",
-            "a/./b",
-            "a\\b",
-        ] {
+        assert_eq!(contained_path(root, "app/index.html").ok(), Some(root.join("app").join("index.html")));
+        for bad in ["", "../x", "a/../../x", "/etc/passwd", "a//b", "a/./b", "a\\b"] {
             assert!(contained_path(root, bad).is_err(), "{bad}");
         }
     }

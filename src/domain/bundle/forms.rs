@@ -70,14 +70,7 @@ pub(super) fn check_forms(
                 ),
             ));
         }
-        let schema = read_form_json(
-            archive,
-            files,
-            &folder_path,
-            SCHEMA_FILE,
-            limits,
-            &mut problems,
-        );
+        let schema = read_form_json(archive, files, &folder_path, SCHEMA_FILE, limits, &mut problems);
         let ui = read_form_json(archive, files, &folder_path, UI_FILE, limits, &mut problems);
 
         if let Some(schema) = &schema {
@@ -108,20 +101,15 @@ pub(super) fn check_forms(
 
     let ext_path = format!("{forms_root}/{EXT_FILE}");
     if let Some(entry) = files.get(ext_path.as_str()) {
-        let ext_problem =
-            |message: String| Problem::new(&ext_path, codes::FORM_FILE_INVALID_JSON, message);
+        let ext_problem = |message: String| Problem::new(&ext_path, codes::FORM_FILE_INVALID_JSON, message);
         match read_small_file(archive, entry, limits.max_form_file_bytes) {
             Ok(SmallFile::Bytes(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
                 Ok(Value::Object(_)) => {}
                 Ok(_) => problems.push(ext_problem("ext.json must be a JSON object".to_owned())),
-                Err(error) => {
-                    problems.push(ext_problem(format!("ext.json is not valid JSON: {error}")))
-                }
+                Err(error) => problems.push(ext_problem(format!("ext.json is not valid JSON: {error}"))),
             },
-            Ok(SmallFile::TooLarge) => problems.push(ext_problem(format!(
-                "ext.json is larger than {} bytes",
-                limits.max_form_file_bytes
-            ))),
+            Ok(SmallFile::TooLarge) => problems
+                .push(ext_problem(format!("ext.json is larger than {} bytes", limits.max_form_file_bytes))),
             Err(error) => problems.push(ext_problem(format!("ext.json cannot be read: {error}"))),
         }
     }
@@ -157,10 +145,7 @@ fn read_form_json(
             problems.push(Problem::new(
                 &path,
                 codes::FORM_FILE_TOO_LARGE,
-                format!(
-                    "{file_name} is larger than {} bytes",
-                    limits.max_form_file_bytes
-                ),
+                format!("{file_name} is larger than {} bytes", limits.max_form_file_bytes),
             ));
             return None;
         }
@@ -217,9 +202,7 @@ fn check_renderer_references(
                         problems.push(Problem::new(
                             format!("{schema_path}#{pointer}"),
                             codes::RENDERER_REFERENCE_MISSING,
-                            format!(
-                                "renderer {renderer:?} is neither bundled under renderers/ nor built in"
-                            ),
+                            format!("renderer {renderer:?} is neither bundled under renderers/ nor built in"),
                         ));
                     }
                 }

@@ -22,20 +22,13 @@ pub(super) struct LayoutAnalysis {
 }
 
 pub(super) fn analyse_layout(entries: &[SafeEntry]) -> LayoutAnalysis {
-    let files: BTreeSet<&str> = entries
-        .iter()
-        .filter(|entry| !entry.is_dir)
-        .map(|entry| entry.path.as_str())
-        .collect();
-    let has_app_folder = entries
-        .iter()
-        .any(|entry| entry.path.starts_with("app/") || (entry.is_dir && entry.path == "app"));
+    let files: BTreeSet<&str> =
+        entries.iter().filter(|entry| !entry.is_dir).map(|entry| entry.path.as_str()).collect();
+    let has_app_folder =
+        entries.iter().any(|entry| entry.path.starts_with("app/") || (entry.is_dir && entry.path == "app"));
     let app_forms_hold_forms = files.iter().any(|path| {
         let segments: Vec<&str> = path.split('/').collect();
-        matches!(
-            segments.as_slice(),
-            ["app", "forms", _, SCHEMA_FILE | UI_FILE]
-        )
+        matches!(segments.as_slice(), ["app", "forms", _, SCHEMA_FILE | UI_FILE])
     });
     let layout = if !has_app_folder && files.contains("index.html") {
         Layout::Legacy
@@ -70,11 +63,7 @@ pub(super) fn analyse_layout(entries: &[SafeEntry]) -> LayoutAnalysis {
         if !allowed_top {
             // One problem per top-level name; a wrapping folder would otherwise
             // produce one per file.
-            let shown = if is_folder_content {
-                format!("{top}/")
-            } else {
-                top.to_owned()
-            };
+            let shown = if is_folder_content { format!("{top}/") } else { top.to_owned() };
             unexpected_tops.insert(shown);
             continue;
         }
@@ -128,11 +117,7 @@ pub(super) fn analyse_layout(entries: &[SafeEntry]) -> LayoutAnalysis {
         Layout::Default | Layout::AppForms => files.contains("app/index.html"),
     };
     if !index_present {
-        let path = if has_app_folder {
-            "app/index.html"
-        } else {
-            "index.html"
-        };
+        let path = if has_app_folder { "app/index.html" } else { "index.html" };
         problems.push(Problem::new(
             path,
             codes::MISSING_APP_INDEX,
@@ -170,12 +155,7 @@ pub(super) fn analyse_layout(entries: &[SafeEntry]) -> LayoutAnalysis {
         Layout::AppForms => app_form_folders,
         Layout::Default | Layout::Legacy => top_form_folders,
     };
-    LayoutAnalysis {
-        layout,
-        problems,
-        form_folders,
-        renderers: renderer_folders,
-    }
+    LayoutAnalysis { layout, problems, form_folders, renderers: renderer_folders }
 }
 
 /// The allowed entries of a forms root: `ext.json`, `<type>/`,
@@ -192,9 +172,7 @@ fn check_forms_root_entry(entry: &SafeEntry, root: &str, relative: &[&str]) -> O
         Problem::new(
             &entry.path,
             codes::UNEXPECTED_ENTRY,
-            format!(
-                "{root}/ may hold only {EXT_FILE} and <formType>/{SCHEMA_FILE}, <formType>/{UI_FILE}"
-            ),
+            format!("{root}/ may hold only {EXT_FILE} and <formType>/{SCHEMA_FILE}, <formType>/{UI_FILE}"),
         )
     })
 }

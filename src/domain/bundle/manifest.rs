@@ -100,11 +100,7 @@ pub fn format_timestamp(time: DateTime<Utc>) -> String {
         return time.to_rfc3339_opts(SecondsFormat::Secs, true);
     }
     let fraction = format!("{micros:06}");
-    format!(
-        "{}.{}Z",
-        time.format("%Y-%m-%dT%H:%M:%S"),
-        fraction.trim_end_matches('0')
-    )
+    format!("{}.{}Z", time.format("%Y-%m-%dT%H:%M:%S"), fraction.trim_end_matches('0'))
 }
 
 fn relative_slash_path(root: &Path, path: &Path) -> io::Result<String> {
@@ -112,10 +108,7 @@ fn relative_slash_path(root: &Path, path: &Path) -> io::Result<String> {
     let mut segments = Vec::new();
     for component in relative.components() {
         let segment = component.as_os_str().to_str().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{} is not a UTF-8 path", path.display()),
-            )
+            io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a UTF-8 path", path.display()))
         })?;
         segments.push(segment);
     }

@@ -28,16 +28,14 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use changes::{
-    diff_versions, form_file_paths, BundleChanges, ChangedPath, FieldChange, FormFilePaths,
-    FormName, FormView, ModifiedForm, VersionView,
+    diff_versions, form_file_paths, BundleChanges, ChangedPath, FieldChange, FormFilePaths, FormName,
+    FormView, ModifiedForm, VersionView,
 };
 pub use extract::extract;
 pub use forms::BUILT_IN_RENDERERS;
 pub use manifest::{build_manifest, bundle_hash, format_timestamp, BundleManifest, ManifestFile};
 pub use validate::validate_zip;
-pub use version::{
-    declared_version_id, strip_active_marker, version_id_candidates, version_id_from_time,
-};
+pub use version::{declared_version_id, strip_active_marker, version_id_candidates, version_id_from_time};
 
 /// Problem codes of API.md 9.2; the `code` of every [`Problem`] is one of these.
 pub mod codes {
@@ -117,16 +115,8 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub(crate) fn new(
-        path: impl Into<String>,
-        code: &'static str,
-        message: impl Into<String>,
-    ) -> Self {
-        Problem {
-            path: path.into(),
-            code,
-            message: message.into(),
-        }
+    pub(crate) fn new(path: impl Into<String>, code: &'static str, message: impl Into<String>) -> Self {
+        Problem { path: path.into(), code, message: message.into() }
     }
 }
 
@@ -139,12 +129,7 @@ pub struct BundleRejection {
 
 impl fmt::Display for BundleRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "app bundle rejected at the {} step with {} problem(s)",
-            self.step,
-            self.problems.len()
-        )
+        write!(f, "app bundle rejected at the {} step with {} problem(s)", self.step, self.problems.len())
     }
 }
 
@@ -234,8 +219,6 @@ pub struct ValidatedBundle {
 impl ValidatedBundle {
     /// Name to show for this bundle: the declared name, else the version id.
     pub fn display_name<'a>(&'a self, version_id: &'a str) -> &'a str {
-        self.manifest
-            .as_ref()
-            .map_or(version_id, |manifest| manifest.name.as_str())
+        self.manifest.as_ref().map_or(version_id, |manifest| manifest.name.as_str())
     }
 }

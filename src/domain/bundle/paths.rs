@@ -53,22 +53,19 @@ pub(super) fn entry_point_is_acceptable(entry_point: &str) -> bool {
     !entry_point.starts_with('/')
         && !entry_point.starts_with('\\')
         && !has_drive_prefix(entry_point)
-        && !entry_point
-            .split(['/', '\\'])
-            .any(|segment| segment == "..")
+        && !entry_point.split(['/', '\\']).any(|segment| segment == "..")
 }
 
 /// CP437 upper half; the lower half is ASCII.
 fn cp437_char(byte: u8) -> char {
     const UPPER_HALF: [char; 128] = [
-        'Ç', 'ü', 'é', 'â', 'ä', 'à', 'å', 'ç', 'ê', 'ë', 'è', 'ï', 'î', 'ì', 'Ä', 'Å', 'É', 'æ',
-        'Æ', 'ô', 'ö', 'ò', 'û', 'ù', 'ÿ', 'Ö', 'Ü', '¢', '£', '¥', '₧', 'ƒ', 'á', 'í', 'ó', 'ú',
-        'ñ', 'Ñ', 'ª', 'º', '¿', '⌐', '¬', '½', '¼', '¡', '«', '»', '░', '▒', '▓', '│', '┤', '╡',
-        '╢', '╖', '╕', '╣', '║', '╗', '╝', '╜', '╛', '┐', '└', '┴', '┬', '├', '─', '┼', '╞', '╟',
-        '╚', '╔', '╩', '╦', '╠', '═', '╬', '╧', '╨', '╤', '╥', '╙', '╘', '╒', '╓', '╫', '╪', '┘',
-        '┌', '█', '▄', '▌', '▐', '▀', 'α', 'ß', 'Γ', 'π', 'Σ', 'σ', 'µ', 'τ', 'Φ', 'Θ', 'Ω', 'δ',
-        '∞', 'φ', 'ε', '∩', '≡', '±', '≥', '≤', '⌠', '⌡', '÷', '≈', '°', '∙', '·', '√', 'ⁿ', '²',
-        '■', '\u{a0}',
+        'Ç', 'ü', 'é', 'â', 'ä', 'à', 'å', 'ç', 'ê', 'ë', 'è', 'ï', 'î', 'ì', 'Ä', 'Å', 'É', 'æ', 'Æ', 'ô',
+        'ö', 'ò', 'û', 'ù', 'ÿ', 'Ö', 'Ü', '¢', '£', '¥', '₧', 'ƒ', 'á', 'í', 'ó', 'ú', 'ñ', 'Ñ', 'ª', 'º',
+        '¿', '⌐', '¬', '½', '¼', '¡', '«', '»', '░', '▒', '▓', '│', '┤', '╡', '╢', '╖', '╕', '╣', '║', '╗',
+        '╝', '╜', '╛', '┐', '└', '┴', '┬', '├', '─', '┼', '╞', '╟', '╚', '╔', '╩', '╦', '╠', '═', '╬', '╧',
+        '╨', '╤', '╥', '╙', '╘', '╒', '╓', '╫', '╪', '┘', '┌', '█', '▄', '▌', '▐', '▀', 'α', 'ß', 'Γ', 'π',
+        'Σ', 'σ', 'µ', 'τ', 'Φ', 'Θ', 'Ω', 'δ', '∞', 'φ', 'ε', '∩', '≡', '±', '≥', '≤', '⌠', '⌡', '÷', '≈',
+        '°', '∙', '·', '√', 'ⁿ', '²', '■', '\u{a0}',
     ];
     if byte < 0x80 {
         char::from(byte)
@@ -83,13 +80,7 @@ mod tests {
 
     #[test]
     fn safe_names_pass() {
-        for name in [
-            "app/index.html",
-            "app/",
-            "forms/a b/schema.json",
-            "é/x",
-            "a..b/c",
-        ] {
+        for name in ["app/index.html", "app/", "forms/a b/schema.json", "é/x", "a..b/c"] {
             assert_eq!(unsafe_name_reason(name), None, "{name}");
         }
     }
@@ -121,10 +112,7 @@ mod tests {
     fn names_decode_per_flag() {
         assert_eq!(decode_entry_name(b"caf\x82", 0).as_deref(), Some("café"));
         assert_eq!(decode_entry_name(b"caf\x82", UTF8_NAME_FLAG), None);
-        assert_eq!(
-            decode_entry_name("café".as_bytes(), UTF8_NAME_FLAG).as_deref(),
-            Some("café")
-        );
+        assert_eq!(decode_entry_name("café".as_bytes(), UTF8_NAME_FLAG).as_deref(), Some("café"));
     }
 
     #[test]

@@ -40,11 +40,7 @@ pub(super) fn scan_archive(
     limits: &Limits,
 ) -> Result<(ScannedArchive, Vec<Problem>), Vec<Problem>> {
     let corrupt = |error: &dyn std::fmt::Display| {
-        vec![Problem::new(
-            "",
-            codes::ZIP_CORRUPT,
-            format!("the file is not a readable ZIP archive: {error}"),
-        )]
+        vec![Problem::new("", codes::ZIP_CORRUPT, format!("the file is not a readable ZIP archive: {error}"))]
     };
     let mut file = File::open(zip_path).map_err(|error| corrupt(&error))?;
     // Refuse huge central directories before the zip crate materialises them.
@@ -92,10 +88,8 @@ pub(super) fn scan_archive(
                 continue;
             }
         };
-        let display_name = metadata
-            .name
-            .clone()
-            .unwrap_or_else(|| String::from_utf8_lossy(&metadata.raw_name).into_owned());
+        let display_name =
+            metadata.name.clone().unwrap_or_else(|| String::from_utf8_lossy(&metadata.raw_name).into_owned());
         let name_is_safe = match &metadata.name {
             None => {
                 problems.push(Problem::new(
@@ -115,10 +109,7 @@ pub(super) fn scan_archive(
         };
 
         let is_dir = display_name.ends_with('/');
-        let path = display_name
-            .strip_suffix('/')
-            .unwrap_or(&display_name)
-            .to_owned();
+        let path = display_name.strip_suffix('/').unwrap_or(&display_name).to_owned();
         if name_is_safe && !raw_duplicates.contains_key(&metadata.raw_name) {
             // Names that differ in bytes but decode alike, or `a` next to `a/`,
             // would land on the same file when extracted.
@@ -144,11 +135,7 @@ pub(super) fn scan_archive(
             continue;
         }
         if (metadata.external_attributes >> 16) & S_IFMT == S_IFLNK {
-            problems.push(Problem::new(
-                &display_name,
-                codes::ZIP_SYMLINK,
-                "symbolic links are not allowed",
-            ));
+            problems.push(Problem::new(&display_name, codes::ZIP_SYMLINK, "symbolic links are not allowed"));
             continue;
         }
         if metadata.size > limits.max_entry_bytes {
@@ -168,9 +155,7 @@ pub(super) fn scan_archive(
         }
 
         if inflation_allowed {
-            let budget = limits
-                .max_total_uncompressed_bytes
-                .saturating_sub(inflated_total);
+            let budget = limits.max_total_uncompressed_bytes.saturating_sub(inflated_total);
             match inflate_and_count(&mut archive, index, metadata.size, budget) {
                 Ok(Inflated::Exact(bytes)) => {
                     inflated_total = inflated_total.saturating_add(bytes);
@@ -204,12 +189,7 @@ pub(super) fn scan_archive(
         }
 
         if name_is_safe {
-            entries.push(SafeEntry {
-                index,
-                path,
-                is_dir,
-                size: metadata.size,
-            });
+            entries.push(SafeEntry { index, path, is_dir, size: metadata.size });
         }
     }
     problems.extend(files_used_as_folders(&entries));
@@ -218,11 +198,8 @@ pub(super) fn scan_archive(
 
 /// A file `a` next to an entry `a/b` cannot both be extracted.
 fn files_used_as_folders(entries: &[SafeEntry]) -> Vec<Problem> {
-    let file_paths: HashSet<&str> = entries
-        .iter()
-        .filter(|entry| !entry.is_dir)
-        .map(|entry| entry.path.as_str())
-        .collect();
+    let file_paths: HashSet<&str> =
+        entries.iter().filter(|entry| !entry.is_dir).map(|entry| entry.path.as_str()).collect();
     let mut clashing: BTreeSet<&str> = BTreeSet::new();
     for entry in entries {
         let mut folder = entry.path.as_str();
@@ -236,11 +213,7 @@ fn files_used_as_folders(entries: &[SafeEntry]) -> Vec<Problem> {
     clashing
         .into_iter()
         .map(|path| {
-            Problem::new(
-                path,
-                codes::ZIP_DUPLICATE_ENTRY,
-                "the path is used both as a file and as a folder",
-            )
+            Problem::new(path, codes::ZIP_DUPLICATE_ENTRY, "the path is used both as a file and as a folder")
         })
         .collect()
 }
@@ -311,23 +284,18 @@ fn inflate_and_count(
 }
 
 fn is_size_overrun(error: &io::Error) -> bool {
-    error.kind() == io::ErrorKind::InvalidData
-        && error.to_string().contains("larger than its declared")
+    error.kind() == io::ErrorKind::InvalidData && error.to_string().contains("larger than its declared")
 }
 
 fn exceeds_ratio(size: u64, compressed_size: u64, limits: &Limits) -> bool {
-    size > limits.ratio_check_min_bytes
-        && size > compressed_size.saturating_mul(limits.max_compression_ratio)
+    size > limits.ratio_check_min_bytes && size > compressed_size.saturating_mul(limits.max_compression_ratio)
 }
 
 fn ratio_problem(name: &str, limits: &Limits) -> Problem {
     Problem::new(
         name,
         codes::ZIP_BOMB,
-        format!(
-            "the entry's compression ratio exceeds {}:1",
-            limits.max_compression_ratio
-        ),
+        format!("the entry's compression ratio exceeds {}:1", limits.max_compression_ratio),
     )
 }
 
@@ -335,10 +303,7 @@ fn too_many_entries(count: u64, limits: &Limits) -> Problem {
     Problem::new(
         "",
         codes::ZIP_BOMB,
-        format!(
-            "the archive has {count} entries; the limit is {}",
-            limits.max_entries
-        ),
+        format!("the archive has {count} entries; the limit is {}", limits.max_entries),
     )
 }
 
@@ -346,17 +311,10 @@ fn total_too_large(limits: &Limits) -> Problem {
     Problem::new(
         "",
         codes::ZIP_BOMB,
-        format!(
-            "the archive inflates to more than {} bytes",
-            limits.max_total_uncompressed_bytes
-        ),
+        format!("the archive inflates to more than {} bytes", limits.max_total_uncompressed_bytes),
     )
 }
 
 fn duplicate_problem(path: &str) -> Problem {
-    Problem::new(
-        path,
-        codes::ZIP_DUPLICATE_ENTRY,
-        "the archive holds this path more than once",
-    )
+    Problem::new(path, codes::ZIP_DUPLICATE_ENTRY, "the archive holds this path more than once")
 }

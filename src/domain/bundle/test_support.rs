@@ -25,11 +25,7 @@ pub(super) fn zip_bytes(items: &[Item<'_>]) -> Vec<u8> {
     for item in items {
         match item {
             Item::File(name, content) | Item::StoredFile(name, content) => {
-                let options = if matches!(item, Item::StoredFile(..)) {
-                    stored
-                } else {
-                    deflated
-                };
+                let options = if matches!(item, Item::StoredFile(..)) { stored } else { deflated };
                 writer.start_file(*name, options).expect("start file");
                 writer.write_all(content).expect("write content");
             }
@@ -84,20 +80,15 @@ fn patch_headers(bytes: &mut [u8], name: &str, mut patch: impl FnMut(&mut [u8], 
             _ => continue,
         };
         let name_len_at = if is_local { 26 } else { 28 };
-        let name_len = usize::from(u16::from_le_bytes([
-            bytes[offset + name_len_at],
-            bytes[offset + name_len_at + 1],
-        ]));
+        let name_len =
+            usize::from(u16::from_le_bytes([bytes[offset + name_len_at], bytes[offset + name_len_at + 1]]));
         let start = offset + name_offset;
         if name_len == name.len() && bytes.get(start..start + name_len) == Some(name) {
             patch(&mut bytes[offset..], is_local);
             patched += 1;
         }
     }
-    assert_eq!(
-        patched, 2,
-        "expected a local and a central header for the entry"
-    );
+    assert_eq!(patched, 2, "expected a local and a central header for the entry");
 }
 
 /// Makes both headers declare `size` uncompressed bytes.
@@ -144,10 +135,7 @@ pub(super) fn validate_bytes(bytes: &[u8]) -> Result<ValidatedBundle, BundleReje
     validate_bytes_with(bytes, &Limits::default())
 }
 
-pub(super) fn validate_bytes_with(
-    bytes: &[u8],
-    limits: &Limits,
-) -> Result<ValidatedBundle, BundleRejection> {
+pub(super) fn validate_bytes_with(bytes: &[u8], limits: &Limits) -> Result<ValidatedBundle, BundleRejection> {
     let zip = write_temp_zip(bytes);
     validate_zip(&zip.path, limits)
 }
@@ -175,7 +163,5 @@ pub(super) fn assert_rejected(
 }
 
 pub(super) fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/upstream")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/upstream").join(name)
 }

@@ -10,9 +10,7 @@ use super::test_support::*;
 use super::*;
 
 fn created_at() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2025, 6, 25, 12, 0, 3)
-        .single()
-        .expect("valid time")
+    Utc.with_ymd_and_hms(2025, 6, 25, 12, 0, 3).single().expect("valid time")
 }
 
 fn validate_fixture(name: &str) -> ValidatedBundle {
@@ -20,10 +18,7 @@ fn validate_fixture(name: &str) -> ValidatedBundle {
 }
 
 /// Validates, extracts and builds the manifest of a fixture.
-fn fixture_version(
-    name: &str,
-    version_id: &str,
-) -> (ValidatedBundle, tempfile::TempDir, BundleManifest) {
+fn fixture_version(name: &str, version_id: &str) -> (ValidatedBundle, tempfile::TempDir, BundleManifest) {
     let bundle = validate_fixture(name);
     let dir = tempfile::tempdir().expect("temp dir");
     extract(&bundle, &fixture(name), dir.path()).expect("extract");
@@ -46,13 +41,8 @@ fn files_on_disk(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .filter(|item| !item.file_type().is_dir())
         .map(|item| {
             assert!(item.file_type().is_file(), "only regular files are written");
-            let relative = item
-                .path()
-                .strip_prefix(dir)
-                .expect("inside")
-                .to_str()
-                .expect("utf-8")
-                .replace('\\', "/");
+            let relative =
+                item.path().strip_prefix(dir).expect("inside").to_str().expect("utf-8").replace('\\', "/");
             (relative, std::fs::read(item.path()).expect("read"))
         })
         .collect()
@@ -73,11 +63,8 @@ fn fixture_bundles_validate_in_default_layout() {
         assert_eq!(form.schema["type"], json!("object"));
         assert_eq!(form.ui["type"], json!("VerticalLayout"));
     }
-    let paths: Vec<String> = validate_fixture("valid_bundle02.zip")
-        .files
-        .into_iter()
-        .map(|file| file.path)
-        .collect();
+    let paths: Vec<String> =
+        validate_fixture("valid_bundle02.zip").files.into_iter().map(|file| file.path).collect();
     assert_eq!(
         paths,
         [
@@ -95,13 +82,9 @@ fn extract_writes_exactly_the_entries() {
     let (bundle, dir, manifest) = fixture_version("valid_bundle01.zip", "20250625-120000");
     let on_disk = files_on_disk(dir.path());
     let expected: Vec<&str> = bundle.files.iter().map(|file| file.path.as_str()).collect();
-    assert_eq!(
-        on_disk.keys().map(String::as_str).collect::<Vec<_>>(),
-        expected
-    );
+    assert_eq!(on_disk.keys().map(String::as_str).collect::<Vec<_>>(), expected);
     let mut archive =
-        zip::ZipArchive::new(std::fs::File::open(fixture("valid_bundle01.zip")).expect("open"))
-            .expect("zip");
+        zip::ZipArchive::new(std::fs::File::open(fixture("valid_bundle01.zip")).expect("open")).expect("zip");
     for file in &bundle.files {
         let mut entry = archive.by_name(&file.path).expect("entry");
         let mut content = Vec::new();
@@ -119,47 +102,21 @@ fn fixture_manifest_follows_the_contract() {
     assert_eq!(manifest.name, "20250625-120000");
     assert_eq!(manifest.entry_point, "app/index.html");
     assert_eq!(manifest.generated_at, "2025-06-25T12:00:03Z");
-    let index = manifest
-        .files
-        .iter()
-        .find(|file| file.path == "app/index.html")
-        .expect("index listed");
+    let index = manifest.files.iter().find(|file| file.path == "app/index.html").expect("index listed");
     assert_eq!(index.size, 75);
     assert_eq!(index.mime_type, "text/html; charset=utf-8");
     assert_eq!(index.mod_time, "2025-06-25T12:00:03Z");
     let content = std::fs::read(dir.path().join("app/index.html")).expect("read");
-    assert_eq!(
-        index.hash,
-        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&content))
-    );
-    let paths: Vec<&str> = manifest
-        .files
-        .iter()
-        .map(|file| file.path.as_str())
-        .collect();
+    assert_eq!(index.hash, hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&content)));
+    let paths: Vec<&str> = manifest.files.iter().map(|file| file.path.as_str()).collect();
     let mut sorted = paths.clone();
     sorted.sort_unstable();
     assert_eq!(paths, sorted);
-    assert_eq!(
-        manifest.hash,
-        bundle_hash("20250625-120000", &manifest.files)
-    );
+    assert_eq!(manifest.hash, bundle_hash("20250625-120000", &manifest.files));
 
     let body = serde_json::to_value(&manifest).expect("serialise");
-    let keys: Vec<&str> = body
-        .as_object()
-        .expect("object")
-        .keys()
-        .map(String::as_str)
-        .collect();
-    for key in [
-        "version",
-        "name",
-        "entryPoint",
-        "hash",
-        "generatedAt",
-        "files",
-    ] {
+    let keys: Vec<&str> = body.as_object().expect("object").keys().map(String::as_str).collect();
+    for key in ["version", "name", "entryPoint", "hash", "generatedAt", "files"] {
         assert!(keys.contains(&key), "{key} in {keys:?}");
     }
     let file_keys = body["files"][0].as_object().expect("file object");
@@ -172,23 +129,13 @@ fn fixture_manifest_follows_the_contract() {
 #[test]
 fn bundle_hash_is_stable_and_version_specific() {
     let (bundle, dir, first) = fixture_version("valid_bundle01.zip", "20250625-120000");
-    let again = build_manifest(
-        "20250625-120000",
-        "20250625-120000",
-        &bundle.entry_point,
-        created_at(),
-        dir.path(),
-    )
-    .expect("manifest");
+    let again =
+        build_manifest("20250625-120000", "20250625-120000", &bundle.entry_point, created_at(), dir.path())
+            .expect("manifest");
     assert_eq!(first, again);
-    let other_id = build_manifest(
-        "20250625-120000-2",
-        "20250625-120000",
-        &bundle.entry_point,
-        created_at(),
-        dir.path(),
-    )
-    .expect("manifest");
+    let other_id =
+        build_manifest("20250625-120000-2", "20250625-120000", &bundle.entry_point, created_at(), dir.path())
+            .expect("manifest");
     assert_ne!(first.hash, other_id.hash);
     assert_eq!(first.files, other_id.files);
     let (_, _, second_bundle) = fixture_version("valid_bundle02.zip", "20250625-120000");
@@ -221,26 +168,11 @@ fn changes_between_the_fixtures() {
     );
 
     let reverse = diff_versions(&b, &a);
-    assert_eq!(
-        reverse.removed,
-        [ChangedPath {
-            path: "app/THIS_IS_VERSION_2.txt".into()
-        }]
-    );
-    assert_eq!(
-        reverse.modified_forms[0].removed_fields[0].field,
-        "lastname"
-    );
+    assert_eq!(reverse.removed, [ChangedPath { path: "app/THIS_IS_VERSION_2.txt".into() }]);
+    assert_eq!(reverse.modified_forms[0].removed_fields[0].field, "lastname");
 
     let same = serde_json::to_value(diff_versions(&a, &a)).expect("serialise");
-    for key in [
-        "added",
-        "modified",
-        "removed",
-        "new_forms",
-        "removed_forms",
-        "modified_forms",
-    ] {
+    for key in ["added", "modified", "removed", "new_forms", "removed_forms", "modified_forms"] {
         assert_eq!(same[key], json!([]), "{key}");
     }
     assert_eq!(same["form_changes"], json!(false));
@@ -249,15 +181,14 @@ fn changes_between_the_fixtures() {
 
 #[test]
 fn form_level_changes() {
-    let view =
-        |version: &str, forms: Vec<(&str, serde_json::Value, serde_json::Value)>| VersionView {
-            version: version.to_owned(),
-            files: BTreeMap::new(),
-            forms: forms
-                .into_iter()
-                .map(|(name, schema, ui)| (name.to_owned(), FormView { schema, ui }))
-                .collect(),
-        };
+    let view = |version: &str, forms: Vec<(&str, serde_json::Value, serde_json::Value)>| VersionView {
+        version: version.to_owned(),
+        files: BTreeMap::new(),
+        forms: forms
+            .into_iter()
+            .map(|(name, schema, ui)| (name.to_owned(), FormView { schema, ui }))
+            .collect(),
+    };
     let a = view(
         "a",
         vec![
@@ -287,12 +218,7 @@ fn form_level_changes() {
     );
     let changes = diff_versions(&a, &b);
     assert_eq!(changes.new_forms, [FormName { form: "new".into() }]);
-    assert_eq!(
-        changes.removed_forms,
-        [FormName {
-            form: "gone".into()
-        }]
-    );
+    assert_eq!(changes.removed_forms, [FormName { form: "gone".into() }]);
     assert_eq!(changes.modified_forms.len(), 1);
     let kept = &changes.modified_forms[0];
     assert!(kept.schema_changed && kept.ui_changed && kept.core_changed);
@@ -311,10 +237,7 @@ fn form_level_changes() {
 fn form_file_paths_prefer_app_forms() {
     let paths = form_file_paths(["app/forms/a/schema.json", "app/forms/a/ui.json", "app/x.js"]);
     assert_eq!(paths.keys().collect::<Vec<_>>(), ["a"]);
-    assert_eq!(
-        paths["a"].schema.as_deref(),
-        Some("app/forms/a/schema.json")
-    );
+    assert_eq!(paths["a"].schema.as_deref(), Some("app/forms/a/schema.json"));
     let paths = form_file_paths(["forms/b/schema.json", "forms/ext.json", "app/index.html"]);
     assert_eq!(paths["b"].schema.as_deref(), Some("forms/b/schema.json"));
     assert_eq!(paths["b"].ui, None);
@@ -359,14 +282,8 @@ fn app_forms_layout_with_manifest_renderers_and_ext() {
     assert_eq!(bundle.layout, Layout::AppForms);
     let declared = bundle.manifest.as_ref().expect("manifest");
     assert_eq!(declared.name, "Household survey");
-    assert_eq!(
-        declared.created_at,
-        Utc.with_ymd_and_hms(2025, 6, 25, 12, 0, 0).single()
-    );
-    assert_eq!(
-        declared_version_id(declared).as_deref(),
-        Some("20250625-120000")
-    );
+    assert_eq!(declared.created_at, Utc.with_ymd_and_hms(2025, 6, 25, 12, 0, 0).single());
+    assert_eq!(declared_version_id(declared).as_deref(), Some("20250625-120000"));
     assert_eq!(bundle.display_name("x"), "Household survey");
     assert_eq!(bundle.forms.keys().collect::<Vec<_>>(), ["visit"]);
     assert!(bundle.files.iter().any(|file| file.path == "manifest.json"));
@@ -387,24 +304,14 @@ fn not_a_zip_is_corrupt() {
     assert_rejected(result, steps::STRUCTURE, codes::ZIP_CORRUPT, Some(""));
     let mut truncated = default_bundle_with(&[]);
     truncated.truncate(truncated.len() / 2);
-    assert_rejected(
-        validate_bytes(&truncated),
-        steps::STRUCTURE,
-        codes::ZIP_CORRUPT,
-        None,
-    );
+    assert_rejected(validate_bytes(&truncated), steps::STRUCTURE, codes::ZIP_CORRUPT, None);
 }
 
 #[test]
 fn encrypted_entry_is_corrupt() {
     let mut bytes = default_bundle_with(&[Item::File("app/secret.txt", b"secret")]);
     set_flag_bits(&mut bytes, "app/secret.txt", 1);
-    assert_rejected(
-        validate_bytes(&bytes),
-        steps::STRUCTURE,
-        codes::ZIP_CORRUPT,
-        Some("app/secret.txt"),
-    );
+    assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::ZIP_CORRUPT, Some("app/secret.txt"));
 }
 
 #[test]
@@ -423,12 +330,8 @@ fn unsafe_paths_are_all_reported() {
     replace_bytes(&mut bytes, b"XXwin.txt", b"C:win.txt");
     replace_bytes(&mut bytes, b"app/ctrlX.txt", b"app/ctrl\x01.txt");
     replace_bytes(&mut bytes, b"app/emptyX/x.txt", b"app/empty//x.txt");
-    let rejection = assert_rejected(
-        validate_bytes(&bytes),
-        steps::STRUCTURE,
-        codes::ZIP_UNSAFE_PATH,
-        Some("/../abs.tx"),
-    );
+    let rejection =
+        assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::ZIP_UNSAFE_PATH, Some("/../abs.tx"));
     let unsafe_paths: Vec<&str> = rejection
         .problems
         .iter()
@@ -443,44 +346,24 @@ fn invalid_utf8_name_with_utf8_flag_is_unsafe() {
     let mut bytes = default_bundle_with(&[Item::File("app/bad-X.txt", b"1")]);
     set_flag_bits(&mut bytes, "app/bad-X.txt", 1 << 11);
     replace_bytes(&mut bytes, b"app/bad-X.txt", b"app/bad-\xff.txt");
-    assert_rejected(
-        validate_bytes(&bytes),
-        steps::STRUCTURE,
-        codes::ZIP_UNSAFE_PATH,
-        None,
-    );
+    assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::ZIP_UNSAFE_PATH, None);
 }
 
 #[test]
 fn symlink_entry_is_rejected() {
     let mut bytes = default_bundle_with(&[Item::File("app/link", b"/etc/passwd")]);
     set_unix_mode(&mut bytes, "app/link", 0o120_777);
-    assert_rejected(
-        validate_bytes(&bytes),
-        steps::STRUCTURE,
-        codes::ZIP_SYMLINK,
-        Some("app/link"),
-    );
+    assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::ZIP_SYMLINK, Some("app/link"));
 }
 
 #[test]
 fn duplicate_entries_are_rejected() {
-    let mut bytes = default_bundle_with(&[
-        Item::File("app/one.js", b"1"),
-        Item::File("app/two.js", b"2"),
-    ]);
+    let mut bytes = default_bundle_with(&[Item::File("app/one.js", b"1"), Item::File("app/two.js", b"2")]);
     replace_bytes(&mut bytes, b"app/two.js", b"app/one.js");
-    assert_rejected(
-        validate_bytes(&bytes),
-        steps::STRUCTURE,
-        codes::ZIP_DUPLICATE_ENTRY,
-        Some("app/one.js"),
-    );
+    assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::ZIP_DUPLICATE_ENTRY, Some("app/one.js"));
 
-    let file_and_folder = default_bundle_with(&[
-        Item::File("app/data", b"1"),
-        Item::File("app/data/x.js", b"2"),
-    ]);
+    let file_and_folder =
+        default_bundle_with(&[Item::File("app/data", b"1"), Item::File("app/data/x.js", b"2")]);
     assert_rejected(
         validate_bytes(&file_and_folder),
         steps::STRUCTURE,
@@ -494,24 +377,14 @@ fn entry_larger_than_declared_is_a_bomb() {
     let payload = vec![b'a'; 300 * 1024];
     let mut bytes = default_bundle_with(&[Item::File("app/big.bin", &payload)]);
     set_declared_size(&mut bytes, "app/big.bin", 1000);
-    assert_rejected(
-        validate_bytes(&bytes),
-        steps::STRUCTURE,
-        codes::ZIP_BOMB,
-        Some("app/big.bin"),
-    );
+    assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::ZIP_BOMB, Some("app/big.bin"));
 }
 
 #[test]
 fn high_compression_ratio_is_a_bomb() {
     let zeros = vec![0u8; 3 * 1024 * 1024];
     let bytes = default_bundle_with(&[Item::File("app/zeros.bin", &zeros)]);
-    assert_rejected(
-        validate_bytes(&bytes),
-        steps::STRUCTURE,
-        codes::ZIP_BOMB,
-        Some("app/zeros.bin"),
-    );
+    assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::ZIP_BOMB, Some("app/zeros.bin"));
     // The same size stored uncompressed is fine.
     let stored = default_bundle_with(&[Item::StoredFile("app/zeros.bin", &zeros)]);
     validate_bytes(&stored).expect("stored entry has ratio 1");
@@ -519,41 +392,19 @@ fn high_compression_ratio_is_a_bomb() {
 
 #[test]
 fn too_many_entries_and_too_many_bytes_are_bombs() {
-    let limits = Limits {
-        max_entries: 3,
-        ..Limits::default()
-    };
+    let limits = Limits { max_entries: 3, ..Limits::default() };
     let bytes = default_bundle_with(&[Item::File("app/a.js", b"1")]);
-    assert_rejected(
-        validate_bytes_with(&bytes, &limits),
-        steps::STRUCTURE,
-        codes::ZIP_BOMB,
-        Some(""),
-    );
+    assert_rejected(validate_bytes_with(&bytes, &limits), steps::STRUCTURE, codes::ZIP_BOMB, Some(""));
 
-    let limits = Limits {
-        max_total_uncompressed_bytes: 1000,
-        ..Limits::default()
-    };
+    let limits = Limits { max_total_uncompressed_bytes: 1000, ..Limits::default() };
     let block = vec![b'x'; 600];
-    let bytes = default_bundle_with(&[
-        Item::File("app/a.js", &block),
-        Item::File("app/b.js", &block),
-    ]);
-    assert_rejected(
-        validate_bytes_with(&bytes, &limits),
-        steps::STRUCTURE,
-        codes::ZIP_BOMB,
-        Some(""),
-    );
+    let bytes = default_bundle_with(&[Item::File("app/a.js", &block), Item::File("app/b.js", &block)]);
+    assert_rejected(validate_bytes_with(&bytes, &limits), steps::STRUCTURE, codes::ZIP_BOMB, Some(""));
 }
 
 #[test]
 fn oversized_entry_is_too_large() {
-    let limits = Limits {
-        max_entry_bytes: 100,
-        ..Limits::default()
-    };
+    let limits = Limits { max_entry_bytes: 100, ..Limits::default() };
     let bytes = default_bundle_with(&[Item::File("app/big.js", &[b'x'; 200])]);
     assert_rejected(
         validate_bytes_with(&bytes, &limits),
@@ -566,34 +417,13 @@ fn oversized_entry_is_too_large() {
 #[test]
 fn unexpected_entries_are_rejected() {
     let cases: Vec<(Vec<u8>, &str)> = vec![
-        (
-            default_bundle_with(&[Item::File("__MACOSX/app/._index.html", b"")]),
-            "__MACOSX/",
-        ),
-        (
-            default_bundle_with(&[Item::File("README.md", b"")]),
-            "README.md",
-        ),
-        (
-            default_bundle_with(&[Item::File("index.html", b"")]),
-            "index.html",
-        ),
-        (
-            default_bundle_with(&[Item::File("assets/x.js", b"")]),
-            "assets/",
-        ),
-        (
-            default_bundle_with(&[Item::File("renderers/loose.jsx", b"")]),
-            "renderers/loose.jsx",
-        ),
-        (
-            default_bundle_with(&[Item::File("forms/household/extra.txt", b"")]),
-            "forms/household/extra.txt",
-        ),
-        (
-            default_bundle_with(&[Item::File("forms/notes.md", b"")]),
-            "forms/notes.md",
-        ),
+        (default_bundle_with(&[Item::File("__MACOSX/app/._index.html", b"")]), "__MACOSX/"),
+        (default_bundle_with(&[Item::File("README.md", b"")]), "README.md"),
+        (default_bundle_with(&[Item::File("index.html", b"")]), "index.html"),
+        (default_bundle_with(&[Item::File("assets/x.js", b"")]), "assets/"),
+        (default_bundle_with(&[Item::File("renderers/loose.jsx", b"")]), "renderers/loose.jsx"),
+        (default_bundle_with(&[Item::File("forms/household/extra.txt", b"")]), "forms/household/extra.txt"),
+        (default_bundle_with(&[Item::File("forms/notes.md", b"")]), "forms/notes.md"),
         (
             zip_bytes(&[
                 Item::File("bundle/app/index.html", b"<html/>"),
@@ -603,12 +433,7 @@ fn unexpected_entries_are_rejected() {
         ),
     ];
     for (bytes, path) in cases {
-        assert_rejected(
-            validate_bytes(&bytes),
-            steps::STRUCTURE,
-            codes::UNEXPECTED_ENTRY,
-            Some(path),
-        );
+        assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::UNEXPECTED_ENTRY, Some(path));
     }
 }
 
@@ -622,12 +447,7 @@ fn missing_index_is_rejected() {
         Some("app/index.html"),
     );
     let only_forms = zip_bytes(&[Item::File("forms/f/schema.json", SCHEMA.as_bytes())]);
-    assert_rejected(
-        validate_bytes(&only_forms),
-        steps::STRUCTURE,
-        codes::MISSING_APP_INDEX,
-        None,
-    );
+    assert_rejected(validate_bytes(&only_forms), steps::STRUCTURE, codes::MISSING_APP_INDEX, None);
 }
 
 #[test]
@@ -636,12 +456,7 @@ fn mixed_form_layouts_are_rejected() {
         Item::File("app/forms/visit/schema.json", SCHEMA.as_bytes()),
         Item::File("app/forms/visit/ui.json", UI.as_bytes()),
     ]);
-    assert_rejected(
-        validate_bytes(&bytes),
-        steps::STRUCTURE,
-        codes::MIXED_FORM_LAYOUTS,
-        Some("forms/"),
-    );
+    assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::MIXED_FORM_LAYOUTS, Some("forms/"));
 }
 
 #[test]
@@ -662,16 +477,9 @@ fn structure_problems_stop_before_later_steps() {
         Item::File("manifest.json", b"not json"),
         Item::File("forms/broken/schema.json", b"[]"),
     ]);
-    let rejection = assert_rejected(
-        validate_bytes(&bytes),
-        steps::STRUCTURE,
-        codes::UNEXPECTED_ENTRY,
-        Some("README.md"),
-    );
-    assert!(rejection
-        .problems
-        .iter()
-        .all(|problem| problem.code == codes::UNEXPECTED_ENTRY));
+    let rejection =
+        assert_rejected(validate_bytes(&bytes), steps::STRUCTURE, codes::UNEXPECTED_ENTRY, Some("README.md"));
+    assert!(rejection.problems.iter().all(|problem| problem.code == codes::UNEXPECTED_ENTRY));
 }
 
 // ---- step 2: manifest -----------------------------------------------------
@@ -687,10 +495,7 @@ fn manifest_must_be_a_small_json_object() {
             Some("manifest.json"),
         );
     }
-    let limits = Limits {
-        max_manifest_bytes: 10,
-        ..Limits::default()
-    };
+    let limits = Limits { max_manifest_bytes: 10, ..Limits::default() };
     let bytes = default_bundle_with(&[Item::File(
         "manifest.json",
         br#"{"version": "1", "name": "n", "entryPoint": "app/index.html"}"#,
@@ -715,10 +520,7 @@ fn manifest_fields_are_required_strings() {
         codes::MANIFEST_FIELD_MISSING,
         Some("manifest.json#/name"),
     );
-    assert!(rejection
-        .problems
-        .iter()
-        .any(|problem| problem.path == "manifest.json#/entryPoint"));
+    assert!(rejection.problems.iter().any(|problem| problem.path == "manifest.json#/entryPoint"));
     assert_eq!(rejection.problems.len(), 2);
 }
 
@@ -764,17 +566,9 @@ fn declared_entry_point_must_exist() {
     );
     let folder_entry = default_bundle_with(&[
         Item::Dir("app/sub/"),
-        Item::File(
-            "manifest.json",
-            br#"{"version": "1", "name": "n", "entryPoint": "app/sub"}"#,
-        ),
+        Item::File("manifest.json", br#"{"version": "1", "name": "n", "entryPoint": "app/sub"}"#),
     ]);
-    assert_rejected(
-        validate_bytes(&folder_entry),
-        steps::ENTRY_POINT,
-        codes::ENTRY_POINT_MISSING,
-        None,
-    );
+    assert_rejected(validate_bytes(&folder_entry), steps::ENTRY_POINT, codes::ENTRY_POINT_MISSING, None);
 }
 
 // ---- step 4: forms --------------------------------------------------------
@@ -796,10 +590,7 @@ fn form_names_are_checked() {
         codes::FORM_NAME_INVALID,
         Some("forms/.hidden/"),
     );
-    assert!(rejection
-        .problems
-        .iter()
-        .any(|problem| problem.path == long_name));
+    assert!(rejection.problems.iter().any(|problem| problem.path == long_name));
 }
 
 #[test]
@@ -819,14 +610,8 @@ fn form_files_must_both_exist() {
 
 #[test]
 fn form_files_have_a_size_limit() {
-    let limits = Limits {
-        max_form_file_bytes: 50,
-        ..Limits::default()
-    };
-    let big_schema = format!(
-        r#"{{"type": "object", "description": "{}"}}"#,
-        "d".repeat(100)
-    );
+    let limits = Limits { max_form_file_bytes: 50, ..Limits::default() };
+    let big_schema = format!(r#"{{"type": "object", "description": "{}"}}"#, "d".repeat(100));
     let bytes = default_bundle_with(&[
         Item::File("forms/visit/schema.json", big_schema.as_bytes()),
         Item::File("forms/visit/ui.json", UI.as_bytes()),
@@ -854,9 +639,10 @@ fn form_files_must_be_json_objects() {
     );
     for path in ["forms/visit/ui.json", "forms/ext.json"] {
         assert!(
-            rejection.problems.iter().any(
-                |problem| problem.path == path && problem.code == codes::FORM_FILE_INVALID_JSON
-            ),
+            rejection
+                .problems
+                .iter()
+                .any(|problem| problem.path == path && problem.code == codes::FORM_FILE_INVALID_JSON),
             "{path}: {rejection:?}"
         );
     }
@@ -880,16 +666,10 @@ fn schema_must_compile_as_draft_07() {
 fn upstream_json_forms_examples_compile() {
     let forms_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/forms");
     // arraySelect uses the non-standard type "array-select", which draft-07 refuses.
-    for (name, compiles) in [
-        ("array", true),
-        ("arraySelect", false),
-        ("basic", true),
-        ("control", true),
-    ] {
-        let schema: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(forms_dir.join(name).join("schema.json")).expect("read"),
-        )
-        .expect("json");
+    for (name, compiles) in [("array", true), ("arraySelect", false), ("basic", true), ("control", true)] {
+        let schema: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(forms_dir.join(name).join("schema.json")).expect("read"))
+                .expect("json");
         assert_eq!(jsonschema::draft7::new(&schema).is_ok(), compiles, "{name}");
     }
 }
@@ -931,15 +711,9 @@ fn renderer_references_must_resolve() {
 #[test]
 fn declared_entry_count_reads_the_end_record() {
     let mut file = std::fs::File::open(fixture("valid_bundle01.zip")).expect("open");
-    assert_eq!(
-        super::zip_directory::declared_entry_count(&mut file).expect("read"),
-        Some(7)
-    );
+    assert_eq!(super::zip_directory::declared_entry_count(&mut file).expect("read"), Some(7));
     let mut not_zip = std::io::Cursor::new(b"no end record here".to_vec());
-    assert_eq!(
-        super::zip_directory::declared_entry_count(&mut not_zip).expect("read"),
-        None
-    );
+    assert_eq!(super::zip_directory::declared_entry_count(&mut not_zip).expect("read"), None);
 }
 
 #[test]

@@ -14,9 +14,7 @@ use super::forms::check_forms;
 use super::layout::{analyse_layout, MANIFEST_FILE};
 use super::paths::entry_point_is_acceptable;
 use super::structure::{scan_archive, SafeEntry};
-use super::{
-    codes, steps, BundleFile, BundleRejection, DeclaredManifest, Limits, Problem, ValidatedBundle,
-};
+use super::{codes, steps, BundleFile, BundleRejection, DeclaredManifest, Limits, Problem, ValidatedBundle};
 
 /// Validates the ZIP at `zip_path` (API.md 9.2 steps 1 to 4).
 pub fn validate_zip(zip_path: &Path, limits: &Limits) -> Result<ValidatedBundle, BundleRejection> {
@@ -73,19 +71,9 @@ pub fn validate_zip(zip_path: &Path, limits: &Limits) -> Result<ValidatedBundle,
     // BTreeMap iteration is byte order of the paths, as API.md 9.4 requires.
     let bundle_files = files
         .values()
-        .map(|entry| BundleFile {
-            path: entry.path.clone(),
-            size: entry.size,
-            zip_index: entry.index,
-        })
+        .map(|entry| BundleFile { path: entry.path.clone(), size: entry.size, zip_index: entry.index })
         .collect();
-    Ok(ValidatedBundle {
-        layout: analysis.layout,
-        manifest,
-        entry_point,
-        files: bundle_files,
-        forms,
-    })
+    Ok(ValidatedBundle { layout: analysis.layout, manifest, entry_point, files: bundle_files, forms })
 }
 
 /// What reading a small archive file into memory gave.
@@ -105,9 +93,7 @@ pub(super) fn read_small_file(
     }
     let reader = archive.by_index(entry.index).map_err(io::Error::other)?;
     let mut bytes = Vec::new();
-    reader
-        .take(max_bytes.saturating_add(1))
-        .read_to_end(&mut bytes)?;
+    reader.take(max_bytes.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max_bytes {
         return Ok(SmallFile::TooLarge);
     }
@@ -121,20 +107,11 @@ fn read_manifest(
     entry: &SafeEntry,
     limits: &Limits,
 ) -> Result<DeclaredManifest, Vec<Problem>> {
-    let invalid = |message: String| {
-        vec![Problem::new(
-            MANIFEST_FILE,
-            codes::MANIFEST_INVALID,
-            message,
-        )]
-    };
+    let invalid = |message: String| vec![Problem::new(MANIFEST_FILE, codes::MANIFEST_INVALID, message)];
     let bytes = match read_small_file(archive, entry, limits.max_manifest_bytes) {
         Ok(SmallFile::Bytes(bytes)) => bytes,
         Ok(SmallFile::TooLarge) => {
-            return Err(invalid(format!(
-                "manifest.json is larger than {} bytes",
-                limits.max_manifest_bytes
-            )))
+            return Err(invalid(format!("manifest.json is larger than {} bytes", limits.max_manifest_bytes)))
         }
         Err(error) => return Err(invalid(format!("manifest.json cannot be read: {error}"))),
     };
@@ -188,23 +165,13 @@ fn read_manifest(
 
     match (version, name, entry_point) {
         (Some(version), Some(name), Some(entry_point)) if problems.is_empty() => {
-            Ok(DeclaredManifest {
-                version,
-                name,
-                entry_point,
-                description,
-                created_at,
-            })
+            Ok(DeclaredManifest { version, name, entry_point, description, created_at })
         }
         _ => Err(problems),
     }
 }
 
-fn optional_string(
-    object: &Map<String, Value>,
-    field: &str,
-    problems: &mut Vec<Problem>,
-) -> Option<String> {
+fn optional_string(object: &Map<String, Value>, field: &str, problems: &mut Vec<Problem>) -> Option<String> {
     match object.get(field) {
         None | Some(Value::Null) => None,
         Some(Value::String(text)) => Some(text.clone()),

@@ -14,10 +14,7 @@ pub fn declared_version_id(manifest: &DeclaredManifest) -> Option<String> {
     // chrono's parser accepts unpadded and signed fields; the id must be exact.
     let shape_ok = bytes.len() == 15
         && bytes[8] == b'-'
-        && bytes
-            .iter()
-            .enumerate()
-            .all(|(position, byte)| position == 8 || byte.is_ascii_digit());
+        && bytes.iter().enumerate().all(|(position, byte)| position == 8 || byte.is_ascii_digit());
     if !shape_ok {
         return None;
     }
@@ -84,17 +81,11 @@ mod tests {
     #[test]
     fn time_ids_and_markers() {
         let time = Utc.with_ymd_and_hms(2025, 6, 25, 12, 0, 3).single();
-        assert_eq!(
-            time.map(version_id_from_time).as_deref(),
-            Some("20250625-120003")
-        );
+        assert_eq!(time.map(version_id_from_time).as_deref(), Some("20250625-120003"));
         assert_eq!(strip_active_marker("20250625-120000 *"), "20250625-120000");
         assert_eq!(strip_active_marker("20250625-120000"), "20250625-120000");
         assert_eq!(strip_active_marker("x * *"), "x *");
         let candidates: Vec<String> = version_id_candidates("20250625-120000").take(3).collect();
-        assert_eq!(
-            candidates,
-            ["20250625-120000", "20250625-120000-2", "20250625-120000-3"]
-        );
+        assert_eq!(candidates, ["20250625-120000", "20250625-120000-2", "20250625-120000-3"]);
     }
 }

@@ -30,9 +30,8 @@ pub(super) fn declared_entry_count<R: Read + Seek>(reader: &mut R) -> io::Result
     reader.by_ref().take(tail_len).read_to_end(&mut tail)?;
 
     let eocd_len = EOCD_LEN as usize;
-    let Some(eocd_offset) = (0..=tail.len() - eocd_len)
-        .rev()
-        .find(|&offset| read_u32(&tail, offset) == Some(EOCD_SIGNATURE))
+    let Some(eocd_offset) =
+        (0..=tail.len() - eocd_len).rev().find(|&offset| read_u32(&tail, offset) == Some(EOCD_SIGNATURE))
     else {
         return Ok(None);
     };
@@ -62,8 +61,7 @@ pub(super) fn declared_entry_count<R: Read + Seek>(reader: &mut R) -> io::Result
     }
     reader.seek(SeekFrom::Start(record_position))?;
     let mut record = [0u8; 56];
-    if reader.read_exact(&mut record).is_err() || read_u32(&record, 0) != Some(ZIP64_EOCD_SIGNATURE)
-    {
+    if reader.read_exact(&mut record).is_err() || read_u32(&record, 0) != Some(ZIP64_EOCD_SIGNATURE) {
         return Ok(None);
     }
     Ok(read_u64(&record, 32))
@@ -80,9 +78,7 @@ pub(super) fn duplicate_raw_names<R: Read + Seek>(
     let mut counts: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
     let mut header = [0u8; CENTRAL_HEADER_LEN];
     for _ in 0..max_entries {
-        if reader.read_exact(&mut header).is_err()
-            || read_u32(&header, 0) != Some(CENTRAL_HEADER_SIGNATURE)
-        {
+        if reader.read_exact(&mut header).is_err() || read_u32(&header, 0) != Some(CENTRAL_HEADER_SIGNATURE) {
             break;
         }
         let field = |offset| read_u16(&header, offset).map_or(0, usize::from);

@@ -23,10 +23,7 @@ impl<W: Write> ExportZip<W> {
         // auto_large_file switches any entry that outgrows 4 GiB to a ZIP64 data
         // descriptor instead of failing; Parquet and CSV entries ask for ZIP64
         // up front anyway because they are the ones that can get that big.
-        Self {
-            zip: ZipWriter::new_stream(w).set_auto_large_file(),
-            modified: None,
-        }
+        Self { zip: ZipWriter::new_stream(w).set_auto_large_file(), modified: None }
     }
 
     /// Stamps entries with this time (the export's snapshot time, say). Without
@@ -48,10 +45,8 @@ impl<W: Write> ExportZip<W> {
     }
 
     fn options(&self, method: CompressionMethod, large: bool) -> SimpleFileOptions {
-        let options = SimpleFileOptions::default()
-            .compression_method(method)
-            .large_file(large)
-            .unix_permissions(0o644);
+        let options =
+            SimpleFileOptions::default().compression_method(method).large_file(large).unix_permissions(0o644);
         match self.modified {
             Some(t) => options.last_modified_time(t),
             None => options,

@@ -45,10 +45,7 @@ impl<W: Write> CsvFormWriter<W> {
             line: String::with_capacity(1024),
         };
         let mut line = std::mem::take(&mut writer.line);
-        let names = FIXED_COLUMNS
-            .iter()
-            .copied()
-            .chain(columns.iter().map(|c| c.name.as_str()));
+        let names = FIXED_COLUMNS.iter().copied().chain(columns.iter().map(|c| c.name.as_str()));
         for (i, name) in names.enumerate() {
             if i > 0 {
                 line.push(',');
@@ -146,9 +143,7 @@ fn push_timestamp(line: &mut String, ts: Option<DateTime<Utc>>) {
 fn push_data_value(line: &mut String, column_type: ColumnType, value: &Value) {
     match (column_type, value) {
         (ColumnType::Boolean, Value::Bool(b)) => line.push_str(bool_text(*b)),
-        (ColumnType::Int64 | ColumnType::Float64, Value::Number(n)) => {
-            line.push_str(&n.to_string())
-        }
+        (ColumnType::Int64 | ColumnType::Float64, Value::Number(n)) => line.push_str(&n.to_string()),
         (ColumnType::Utf8, v) => push_field(line, &text_of(v)),
         // Inference ran over the same rows, so this is only a guard: empty, as null.
         _ => {}

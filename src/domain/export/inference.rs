@@ -102,13 +102,7 @@ impl ColumnInference {
 
     /// The data columns, sorted by name, with their inferred types.
     pub fn finish(self) -> Vec<DataColumn> {
-        self.kinds
-            .into_iter()
-            .map(|(name, bits)| DataColumn {
-                name,
-                column_type: resolve(bits),
-            })
-            .collect()
+        self.kinds.into_iter().map(|(name, bits)| DataColumn { name, column_type: resolve(bits) }).collect()
     }
 }
 
@@ -194,15 +188,8 @@ pub(crate) struct ColumnProjector {
 
 impl ColumnProjector {
     pub(crate) fn new(columns: &[DataColumn]) -> Self {
-        let index = columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.name.clone(), i))
-            .collect();
-        Self {
-            index,
-            width: columns.len(),
-        }
+        let index = columns.iter().enumerate().map(|(i, c)| (c.name.clone(), i)).collect();
+        Self { index, width: columns.len() }
     }
 
     /// Fills `out` with one slot per column. When two paths of the same row map to

@@ -26,10 +26,7 @@ pub fn observation_json(row: &ExportRow) -> Value {
     m.insert("updated_at".into(), ts(row.updated_at));
     m.insert("synced_at".into(), ts(Some(row.synced_at)));
     m.insert("deleted".into(), row.deleted.into());
-    m.insert(
-        "geolocation".into(),
-        row.geolocation.clone().unwrap_or(Value::Null),
-    );
+    m.insert("geolocation".into(), row.geolocation.clone().unwrap_or(Value::Null));
     m.insert("version".into(), row.version.into());
     m.insert("author".into(), text(&row.author));
     m.insert("device_id".into(), text(&row.device_id));

@@ -13,13 +13,7 @@ const UNTYPED: &str = "_untyped";
 fn sanitize(raw: &str) -> String {
     let mut out: String = raw
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
         .collect();
     out.truncate(MAX_ENTRY_NAME_BYTES);
     out
@@ -47,11 +41,7 @@ fn claim(stem: String, ext: &str, used: &mut HashSet<String>) -> String {
 /// `used_names` belongs to one archive; the stems are recorded in it as given
 /// back, so both extensions of one export may share a set or use their own.
 pub fn entry_name_for_form_type(form_type: &str, used_names: &mut HashSet<String>) -> String {
-    let stem = if form_type.is_empty() {
-        UNTYPED.to_owned()
-    } else {
-        sanitize(form_type)
-    };
+    let stem = if form_type.is_empty() { UNTYPED.to_owned() } else { sanitize(form_type) };
     claim(stem, "", used_names)
 }
 
@@ -77,11 +67,7 @@ pub fn raw_json_entry_name(
             s
         }
     };
-    let file = if observation_id.is_empty() {
-        "_".to_owned()
-    } else {
-        sanitize(observation_id)
-    };
+    let file = if observation_id.is_empty() { "_".to_owned() } else { sanitize(observation_id) };
     let stem = claim(format!("{folder}/{file}"), ".json", used_names);
     format!("{stem}.json")
 }

@@ -4,8 +4,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder,
-    TimestampMicrosecondBuilder,
+    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
@@ -118,12 +117,7 @@ impl<W: Write + Send> ParquetFormWriter<W> {
             .set_created_by(format!("synkronus {}", env!("CARGO_PKG_VERSION")))
             .build();
         let writer = ArrowWriter::try_new(w, Arc::clone(&schema), Some(props))?;
-        Ok(Self {
-            writer,
-            schema,
-            columns: columns.to_vec(),
-            projector: ColumnProjector::new(columns),
-        })
+        Ok(Self { writer, schema, columns: columns.to_vec(), projector: ColumnProjector::new(columns) })
     }
 
     /// Appends rows in the given order. A row group is flushed to `W` each time
@@ -167,11 +161,8 @@ impl<W: Write + Send> ParquetFormWriter<W> {
         let mut author = StringBuilder::with_capacity(n, n * 16);
         let mut device_id = StringBuilder::with_capacity(n, n * 16);
         let mut tags = StringBuilder::with_capacity(n, n * 16);
-        let mut data_builders: Vec<DataBuilder> = self
-            .columns
-            .iter()
-            .map(|c| DataBuilder::new(c.column_type, n))
-            .collect();
+        let mut data_builders: Vec<DataBuilder> =
+            self.columns.iter().map(|c| DataBuilder::new(c.column_type, n)).collect();
 
         let mut slots = Vec::with_capacity(self.columns.len());
         for row in rows {

@@ -48,41 +48,20 @@ fn infer(datas: &[Value]) -> Vec<DataColumn> {
 }
 
 fn col(name: &str, column_type: ColumnType) -> DataColumn {
-    DataColumn {
-        name: name.to_owned(),
-        column_type,
-    }
+    DataColumn { name: name.to_owned(), column_type }
 }
 
 // ---------------------------------------------------------------- timestamps
 
 #[test]
 fn timestamps_trim_fraction() {
-    assert_eq!(
-        format_timestamp(ts("2025-06-27T10:55:58Z")),
-        "2025-06-27T10:55:58Z"
-    );
-    assert_eq!(
-        format_timestamp(ts("2025-06-27T10:55:58.123Z")),
-        "2025-06-27T10:55:58.123Z"
-    );
-    assert_eq!(
-        format_timestamp(ts("2025-06-27T10:55:58.100000Z")),
-        "2025-06-27T10:55:58.1Z"
-    );
-    assert_eq!(
-        format_timestamp(ts("2025-06-27T10:55:58.000001Z")),
-        "2025-06-27T10:55:58.000001Z"
-    );
+    assert_eq!(format_timestamp(ts("2025-06-27T10:55:58Z")), "2025-06-27T10:55:58Z");
+    assert_eq!(format_timestamp(ts("2025-06-27T10:55:58.123Z")), "2025-06-27T10:55:58.123Z");
+    assert_eq!(format_timestamp(ts("2025-06-27T10:55:58.100000Z")), "2025-06-27T10:55:58.1Z");
+    assert_eq!(format_timestamp(ts("2025-06-27T10:55:58.000001Z")), "2025-06-27T10:55:58.000001Z");
     // Nanoseconds are cut to microseconds; an offset is normalised to UTC.
-    assert_eq!(
-        format_timestamp(ts("2025-06-27T12:55:58.1234569+02:00")),
-        "2025-06-27T10:55:58.123456Z"
-    );
-    assert_eq!(
-        format_timestamp(ts("2025-06-27T10:55:58.0000009Z")),
-        "2025-06-27T10:55:58Z"
-    );
+    assert_eq!(format_timestamp(ts("2025-06-27T12:55:58.1234569+02:00")), "2025-06-27T10:55:58.123456Z");
+    assert_eq!(format_timestamp(ts("2025-06-27T10:55:58.0000009Z")), "2025-06-27T10:55:58Z");
 }
 
 // ---------------------------------------------------------------- inference
@@ -115,26 +94,13 @@ fn large_integers_follow_the_rule() {
     let huge = infer(&[j(r#"{"a": 123456789012345678901234567890}"#)]);
     assert_eq!(huge, vec![col("data_a", ColumnType::Utf8)]);
     // With one non-integer, every number becomes a double.
-    let with_float = infer(&[
-        j(r#"{"a": 18446744073709551616}"#),
-        j(r#"{"a": 0.5}"#),
-        j(r#"{"a": 3}"#),
-    ]);
+    let with_float = infer(&[j(r#"{"a": 18446744073709551616}"#), j(r#"{"a": 0.5}"#), j(r#"{"a": 3}"#)]);
     assert_eq!(with_float, vec![col("data_a", ColumnType::Float64)]);
     // A fraction or exponent in the source text means a real number.
-    assert_eq!(
-        infer(&[j(r#"{"a": 1.0}"#)]),
-        vec![col("data_a", ColumnType::Float64)]
-    );
-    assert_eq!(
-        infer(&[j(r#"{"a": 1e3}"#), j(r#"{"a": 2}"#)]),
-        vec![col("data_a", ColumnType::Float64)]
-    );
+    assert_eq!(infer(&[j(r#"{"a": 1.0}"#)]), vec![col("data_a", ColumnType::Float64)]);
+    assert_eq!(infer(&[j(r#"{"a": 1e3}"#), j(r#"{"a": 2}"#)]), vec![col("data_a", ColumnType::Float64)]);
     // Beyond f64: kept as text.
-    assert_eq!(
-        infer(&[j(r#"{"a": 1e400}"#), j(r#"{"a": 2.5}"#)]),
-        vec![col("data_a", ColumnType::Utf8)]
-    );
+    assert_eq!(infer(&[j(r#"{"a": 1e400}"#), j(r#"{"a": 2.5}"#)]), vec![col("data_a", ColumnType::Utf8)]);
 }
 
 #[test]
@@ -220,31 +186,13 @@ fn non_object_data_has_no_columns() {
 #[test]
 fn entry_names_are_sanitised_and_unique() {
     let mut used = HashSet::new();
-    assert_eq!(
-        entry_name_for_form_type("household", &mut used),
-        "household"
-    );
-    assert_eq!(
-        entry_name_for_form_type("house hold/é", &mut used),
-        "house_hold__"
-    );
-    assert_eq!(
-        entry_name_for_form_type("house?hold/x", &mut used),
-        "house_hold_x"
-    );
-    assert_eq!(
-        entry_name_for_form_type("house_hold_x", &mut used),
-        "house_hold_x-2"
-    );
-    assert_eq!(
-        entry_name_for_form_type("house hold_x", &mut used),
-        "house_hold_x-3"
-    );
+    assert_eq!(entry_name_for_form_type("household", &mut used), "household");
+    assert_eq!(entry_name_for_form_type("house hold/é", &mut used), "house_hold__");
+    assert_eq!(entry_name_for_form_type("house?hold/x", &mut used), "house_hold_x");
+    assert_eq!(entry_name_for_form_type("house_hold_x", &mut used), "house_hold_x-2");
+    assert_eq!(entry_name_for_form_type("house hold_x", &mut used), "house_hold_x-3");
     assert_eq!(entry_name_for_form_type("", &mut used), "_untyped");
-    assert_eq!(
-        entry_name_for_form_type("_untyped", &mut used),
-        "_untyped-2"
-    );
+    assert_eq!(entry_name_for_form_type("_untyped", &mut used), "_untyped-2");
     assert_eq!(entry_name_for_form_type("a.b-c_D9", &mut used), "a.b-c_D9");
     let long = "ü".repeat(80) + &"x".repeat(80);
     let name = entry_name_for_form_type(&long, &mut used);
@@ -257,18 +205,9 @@ fn entry_names_are_sanitised_and_unique() {
 #[test]
 fn raw_json_names_are_sanitised_and_safe() {
     let mut used = HashSet::new();
-    assert_eq!(
-        raw_json_entry_name("household", "obs_1", &mut used),
-        "household/obs_1.json"
-    );
-    assert_eq!(
-        raw_json_entry_name("household", "obs/1", &mut used),
-        "household/obs_1-2.json"
-    );
-    assert_eq!(
-        raw_json_entry_name("", "a b", &mut used),
-        "_untyped/a_b.json"
-    );
+    assert_eq!(raw_json_entry_name("household", "obs_1", &mut used), "household/obs_1.json");
+    assert_eq!(raw_json_entry_name("household", "obs/1", &mut used), "household/obs_1-2.json");
+    assert_eq!(raw_json_entry_name("", "a b", &mut used), "_untyped/a_b.json");
     assert_eq!(raw_json_entry_name("..", "x", &mut used), "__/x.json");
     assert_eq!(raw_json_entry_name(".", "..", &mut used), "_/...json");
     assert_eq!(raw_json_entry_name("f", "", &mut used), "f/_.json");
@@ -290,11 +229,7 @@ fn entry_bytes(archive: &mut zip::ZipArchive<Cursor<Vec<u8>>>, name: &str) -> Ve
 fn read_parquet(bytes: Vec<u8>) -> (Vec<RecordBatch>, parquet::file::metadata::ParquetMetaData) {
     let builder = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(bytes)).unwrap();
     let metadata = builder.metadata().as_ref().clone();
-    let batches = builder
-        .build()
-        .unwrap()
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
+    let batches = builder.build().unwrap().collect::<Result<Vec<_>, _>>().unwrap();
     (batches, metadata)
 }
 
@@ -303,27 +238,18 @@ fn household_rows() -> Vec<ExportRow> {
         "obs_1",
         "household",
         41,
-        j(
-            r#"{"head_name": "Amina", "members": 4, "score": 1.5, "ok": true,
-              "address": {"city": "Nairobi"}, "tags": ["a", 1], "big": 18446744073709551616}"#,
-        ),
+        j(r#"{"head_name": "Amina", "members": 4, "score": 1.5, "ok": true,
+              "address": {"city": "Nairobi"}, "tags": ["a", 1], "big": 18446744073709551616}"#),
     );
     full.created_at = Some(ts("2025-06-25T12:00:00.123456Z"));
     full.updated_at = Some(ts("2025-06-25T12:05:10.456Z"));
     full.synced_at = ts("2025-06-25T12:06:00.001Z");
-    full.geolocation = Some(j(
-        r#"{"latitude": -1.2921, "longitude": 36.8219, "altitude": null}"#,
-    ));
+    full.geolocation = Some(j(r#"{"latitude": -1.2921, "longitude": 36.8219, "altitude": null}"#));
     full.author = Some("alice".to_owned());
     full.device_id = Some("dev-1".to_owned());
     full.tags = Some(vec!["x".to_owned(), "y, \"z\"".to_owned()]);
 
-    let mut sparse = row(
-        "obs_2",
-        "household",
-        44,
-        j(r#"{"members": 2, "score": 3, "big": "n/a"}"#),
-    );
+    let mut sparse = row("obs_2", "household", 44, j(r#"{"members": 2, "score": 3, "big": "n/a"}"#));
     sparse.deleted = true;
     sparse.created_at = None;
     sparse.geolocation = Some(Value::Null);
@@ -356,10 +282,7 @@ fn parquet_zip_round_trip() {
     ];
     let bytes = write_parquet_zip(&[("household", household_rows()), ("person/v2", other)]);
     let mut archive = read_zip(bytes);
-    let names: Vec<_> = archive
-        .file_names()
-        .map(|n| n.unwrap().into_owned())
-        .collect();
+    let names: Vec<_> = archive.file_names().map(|n| n.unwrap().into_owned()).collect();
     assert_eq!(names.len(), 2);
     assert!(names.contains(&"household.parquet".to_owned()));
     assert!(names.contains(&"person_v2.parquet".to_owned()));
@@ -370,19 +293,13 @@ fn parquet_zip_round_trip() {
 
     let (batches, metadata) = read_parquet(entry_bytes(&mut archive, "household.parquet"));
     assert_eq!(metadata.num_row_groups(), 1);
-    assert_eq!(
-        metadata.row_group(0).column(0).compression(),
-        Compression::SNAPPY
-    );
+    assert_eq!(metadata.row_group(0).column(0).compression(), Compression::SNAPPY);
     let batch = arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
     assert_eq!(batch.num_rows(), 2);
 
     let schema = batch.schema();
-    let fields: Vec<(String, DataType, bool)> = schema
-        .fields()
-        .iter()
-        .map(|f| (f.name().clone(), f.data_type().clone(), f.is_nullable()))
-        .collect();
+    let fields: Vec<(String, DataType, bool)> =
+        schema.fields().iter().map(|f| (f.name().clone(), f.data_type().clone(), f.is_nullable())).collect();
     let tsu = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
     let expected: Vec<(String, DataType, bool)> = [
         ("observation_id", DataType::Utf8, false),
@@ -411,71 +328,30 @@ fn parquet_zip_round_trip() {
     .collect();
     assert_eq!(fields, expected);
 
-    let s = |name: &str| {
-        batch
-            .column_by_name(name)
-            .unwrap()
-            .as_string::<i32>()
-            .clone()
-    };
-    let tsc = |name: &str| {
-        batch
-            .column_by_name(name)
-            .unwrap()
-            .as_primitive::<TimestampMicrosecondType>()
-            .clone()
-    };
+    let s = |name: &str| batch.column_by_name(name).unwrap().as_string::<i32>().clone();
+    let tsc =
+        |name: &str| batch.column_by_name(name).unwrap().as_primitive::<TimestampMicrosecondType>().clone();
     assert_eq!(s("observation_id").value(0), "obs_1");
     assert_eq!(s("observation_id").value(1), "obs_2");
     assert_eq!(s("form_type").value(1), "household");
     assert_eq!(s("form_version").value(0), "1.0");
     let created = tsc("created_at");
-    assert_eq!(
-        created.value(0),
-        ts("2025-06-25T12:00:00.123456Z").timestamp_micros()
-    );
+    assert_eq!(created.value(0), ts("2025-06-25T12:00:00.123456Z").timestamp_micros());
     assert!(created.is_null(1));
     let updated = tsc("updated_at");
-    assert_eq!(
-        updated.value(0),
-        ts("2025-06-25T12:05:10.456Z").timestamp_micros()
-    );
+    assert_eq!(updated.value(0), ts("2025-06-25T12:05:10.456Z").timestamp_micros());
     assert!(updated.is_null(1));
-    let deleted = batch
-        .column_by_name("deleted")
-        .unwrap()
-        .as_boolean()
-        .clone();
+    let deleted = batch.column_by_name("deleted").unwrap().as_boolean().clone();
     assert!(!deleted.value(0));
     assert!(deleted.value(1));
-    let version = batch
-        .column_by_name("version")
-        .unwrap()
-        .as_primitive::<Int64Type>()
-        .clone();
+    let version = batch.column_by_name("version").unwrap().as_primitive::<Int64Type>().clone();
     assert_eq!((version.value(0), version.value(1)), (41, 44));
-    assert_eq!(
-        j(s("data").value(0)),
-        household_rows()[0].data,
-        "data holds the whole object"
-    );
-    assert!(
-        s("data").value(0).contains("18446744073709551616"),
-        "numbers keep their text"
-    );
+    assert_eq!(j(s("data").value(0)), household_rows()[0].data, "data holds the whole object");
+    assert!(s("data").value(0).contains("18446744073709551616"), "numbers keep their text");
     assert_eq!(s("data").value(1), r#"{"big":"n/a","members":2,"score":3}"#);
-    assert_eq!(
-        tsc("synced_at").value(0),
-        ts("2025-06-25T12:06:00.001Z").timestamp_micros()
-    );
-    assert_eq!(
-        s("geolocation").value(0),
-        r#"{"altitude":null,"latitude":-1.2921,"longitude":36.8219}"#
-    );
-    assert!(
-        s("geolocation").is_null(1),
-        "JSON null geolocation is a null cell"
-    );
+    assert_eq!(tsc("synced_at").value(0), ts("2025-06-25T12:06:00.001Z").timestamp_micros());
+    assert_eq!(s("geolocation").value(0), r#"{"altitude":null,"latitude":-1.2921,"longitude":36.8219}"#);
+    assert!(s("geolocation").is_null(1), "JSON null geolocation is a null cell");
     assert_eq!(s("author").value(0), "alice");
     assert!(s("author").is_null(1));
     assert_eq!(s("device_id").value(0), "dev-1");
@@ -488,58 +364,31 @@ fn parquet_zip_round_trip() {
     assert_eq!(s("data_big").value(0), "18446744073709551616");
     assert_eq!(s("data_big").value(1), "n/a");
     assert_eq!(s("data_head_name").value(0), "Amina");
-    let members = batch
-        .column_by_name("data_members")
-        .unwrap()
-        .as_primitive::<Int64Type>()
-        .clone();
+    let members = batch.column_by_name("data_members").unwrap().as_primitive::<Int64Type>().clone();
     assert_eq!((members.value(0), members.value(1)), (4, 2));
-    let ok = batch
-        .column_by_name("data_ok")
-        .unwrap()
-        .as_boolean()
-        .clone();
+    let ok = batch.column_by_name("data_ok").unwrap().as_boolean().clone();
     assert!(ok.value(0));
     assert!(ok.is_null(1));
-    let score = batch
-        .column_by_name("data_score")
-        .unwrap()
-        .as_primitive::<Float64Type>()
-        .clone();
+    let score = batch.column_by_name("data_score").unwrap().as_primitive::<Float64Type>().clone();
     assert_eq!((score.value(0), score.value(1)), (1.5, 3.0));
     assert_eq!(s("data_tags").value(0), r#"["a",1]"#);
     assert!(s("data_tags").is_null(1));
 
     let (batches, _) = read_parquet(entry_bytes(&mut archive, "person_v2.parquet"));
     let batch = arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
-    let names: Vec<_> = batch
-        .schema()
-        .fields()
-        .iter()
-        .skip(13)
-        .map(|f| f.name().clone())
-        .collect();
+    let names: Vec<_> = batch.schema().fields().iter().skip(13).map(|f| f.name().clone()).collect();
     assert_eq!(names, ["data_age", "data_nick"]);
-    let nick = batch
-        .column_by_name("data_nick")
-        .unwrap()
-        .as_string::<i32>()
-        .clone();
+    let nick = batch.column_by_name("data_nick").unwrap().as_string::<i32>().clone();
     assert!(nick.is_null(0));
     assert_eq!(nick.value(1), "Bo");
-    let version = batch
-        .column_by_name("version")
-        .unwrap()
-        .as_primitive::<Int64Type>()
-        .clone();
+    let version = batch.column_by_name("version").unwrap().as_primitive::<Int64Type>().clone();
     assert_eq!(version.values().to_vec(), vec![50, 51]);
 }
 
 #[test]
 fn row_groups_hold_at_most_10000_rows_in_order() {
-    let rows: Vec<ExportRow> = (0..25_000)
-        .map(|i| row(&format!("o{i}"), "f", i + 1, json!({ "n": i })))
-        .collect();
+    let rows: Vec<ExportRow> =
+        (0..25_000).map(|i| row(&format!("o{i}"), "f", i + 1, json!({ "n": i }))).collect();
     let mut zip = ExportZip::new(Vec::new());
     zip.start_parquet_entry("f.parquet").unwrap();
     let columns = vec![col("data_n", ColumnType::Int64)];
@@ -554,14 +403,8 @@ fn row_groups_hold_at_most_10000_rows_in_order() {
     assert_eq!(sizes, vec![10_000, 10_000, 5_000]);
     let mut expected = 1;
     for batch in &batches {
-        let version = batch
-            .column_by_name("version")
-            .unwrap()
-            .as_primitive::<Int64Type>();
-        let n = batch
-            .column_by_name("data_n")
-            .unwrap()
-            .as_primitive::<Int64Type>();
+        let version = batch.column_by_name("version").unwrap().as_primitive::<Int64Type>();
+        let n = batch.column_by_name("data_n").unwrap().as_primitive::<Int64Type>();
         for i in 0..batch.num_rows() {
             assert_eq!(version.value(i), expected);
             assert_eq!(n.value(i), expected - 1);
@@ -581,10 +424,7 @@ fn empty_selection_is_a_valid_empty_zip() {
 fn form_without_rows_or_columns_is_a_valid_parquet() {
     let mut zip = ExportZip::new(Vec::new());
     zip.start_parquet_entry("_untyped.parquet").unwrap();
-    ParquetFormWriter::new(&mut zip, &[])
-        .unwrap()
-        .finish()
-        .unwrap();
+    ParquetFormWriter::new(&mut zip, &[]).unwrap().finish().unwrap();
     let mut archive = read_zip(zip.finish().unwrap());
     let (batches, metadata) = read_parquet(entry_bytes(&mut archive, "_untyped.parquet"));
     assert!(batches.iter().all(|b| b.num_rows() == 0));
@@ -598,8 +438,7 @@ struct CountingSink {
 
 impl Write for CountingSink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.bytes
-            .fetch_add(buf.len(), std::sync::atomic::Ordering::Relaxed);
+        self.bytes.fetch_add(buf.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -611,9 +450,7 @@ impl Write for CountingSink {
 fn memory_is_bounded_by_a_row_group_not_the_row_count() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let counter = std::sync::Arc::new(AtomicUsize::new(0));
-    let mut zip = ExportZip::new(CountingSink {
-        bytes: counter.clone(),
-    });
+    let mut zip = ExportZip::new(CountingSink { bytes: counter.clone() });
     zip.start_parquet_entry("big.parquet").unwrap();
     let template = json!({"name": "someone with a name", "n": 1, "x": 0.25, "flag": true});
     let mut inf = ColumnInference::new();
@@ -641,16 +478,10 @@ fn memory_is_bounded_by_a_row_group_not_the_row_count() {
     writer.finish().unwrap();
     zip.finish().unwrap();
     // Each full row group reached the sink as soon as it was complete.
-    assert!(
-        seen_at_group_ends.windows(2).all(|w| w[1] > w[0]),
-        "{seen_at_group_ends:?}"
-    );
+    assert!(seen_at_group_ends.windows(2).all(|w| w[1] > w[0]), "{seen_at_group_ends:?}");
     assert!(seen_at_group_ends[0] > 10_000);
     // One row group's worth of encoded pages, far below 50,000 rows of data.
-    assert!(
-        max_buffered < 4 * 1024 * 1024,
-        "buffered {max_buffered} bytes"
-    );
+    assert!(max_buffered < 4 * 1024 * 1024, "buffered {max_buffered} bytes");
     assert!(counter.load(Ordering::Relaxed) > *seen_at_group_ends.last().unwrap_or(&0));
 }
 
@@ -661,12 +492,8 @@ fn csv_columns_and_quoting() {
     let rows = household_rows();
     let mut inf = ColumnInference::new();
     rows.iter().for_each(|r| inf.observe(&r.data));
-    let mut extra = row(
-        "obs,3",
-        "household",
-        45,
-        j(r#"{"head_name": "Line\nbreak, \"quoted\"", "members": 1}"#),
-    );
+    let mut extra =
+        row("obs,3", "household", 45, j(r#"{"head_name": "Line\nbreak, \"quoted\"", "members": 1}"#));
     extra.form_version = String::new();
     extra.author = Some(String::new());
     inf.observe(&extra.data);
@@ -743,15 +570,13 @@ fn observation_json_has_the_synkronus_shape() {
     let full = observation_json(&rows[0]);
     assert_eq!(
         full,
-        j(
-            r#"{"observation_id": "obs_1", "form_type": "household", "form_version": "1.0",
+        j(r#"{"observation_id": "obs_1", "form_type": "household", "form_version": "1.0",
               "data": {"head_name": "Amina", "members": 4, "score": 1.5, "ok": true,
                        "address": {"city": "Nairobi"}, "tags": ["a", 1], "big": 18446744073709551616},
               "created_at": "2025-06-25T12:00:00.123456Z", "updated_at": "2025-06-25T12:05:10.456Z",
               "synced_at": "2025-06-25T12:06:00.001Z", "deleted": false,
               "geolocation": {"latitude": -1.2921, "longitude": 36.8219, "altitude": null},
-              "version": 41, "author": "alice", "device_id": "dev-1", "tags": ["x", "y, \"z\""]}"#
-        )
+              "version": 41, "author": "alice", "device_id": "dev-1", "tags": ["x", "y, \"z\""]}"#)
     );
     let sparse = observation_json(&rows[1]);
     assert_eq!(sparse["created_at"], Value::Null);
@@ -806,14 +631,7 @@ fn write_sample_zips() {
     let dir = std::path::PathBuf::from(std::env::var("EXPORT_SAMPLE_DIR").unwrap());
     std::fs::create_dir_all(&dir).unwrap();
     let mut many: Vec<ExportRow> = (0..12_345)
-        .map(|i| {
-            row(
-                &format!("p{i}"),
-                "person/v2",
-                i + 100,
-                json!({ "age": i % 90, "w": 0.5 }),
-            )
-        })
+        .map(|i| row(&format!("p{i}"), "person/v2", i + 100, json!({ "age": i % 90, "w": 0.5 })))
         .collect();
     many[7].data = j(r#"{"age": 3, "w": 1, "nick": "Bo"}"#);
     let groups = [("household", household_rows()), ("person/v2", many)];
@@ -831,9 +649,5 @@ fn write_sample_zips() {
         writer.finish().unwrap();
     }
     std::fs::write(dir.join("csv.zip"), zip.finish().unwrap()).unwrap();
-    std::fs::write(
-        dir.join("empty.zip"),
-        ExportZip::new(Vec::new()).finish().unwrap(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("empty.zip"), ExportZip::new(Vec::new()).finish().unwrap()).unwrap();
 }

@@ -1,0 +1,591 @@
+//! A Synkronus client speaking the synkronus dialect, as the real clients do, that records
+//! every request's latency and outcome in the shared `Stats`.
+
+use crate::stats::{Outcome, Stats};
+use crate::target::BaseUrl;
+use anyhow::{anyhow, bail, Result};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use reqwest::header::HeaderMap;
+use reqwest::{Client, RequestBuilder};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::Digest;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// Characters left unescaped in a path segment: RFC 3986 unreserved. `/` is escaped, which is
+/// what real clients do for bundle paths (`forms%2Fhousehold%2Fschema.json`).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+pub fn encode_segment(s: &str) -> String {
+    utf8_percent_encode(s, SEGMENT).to_string()
+}
+
+/// A failed request. It has already been recorded in the stats.
+#[derive(Debug)]
+pub enum Fail {
+    Status(u16, Bytes),
+    Transport(String),
+    Decode(String),
+}
+
+impl std::fmt::Display for Fail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fail::Status(s, body) => {
+                let text = String::from_utf8_lossy(&body[..body.len().min(300)]);
+                write!(f, "HTTP {s}: {text}")
+            }
+            Fail::Transport(e) => write!(f, "transport error: {e}"),
+            Fail::Decode(e) => write!(f, "undecodable response: {e}"),
+        }
+    }
+}
+
+impl Fail {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Fail::Status(s, _) => Some(*s),
+            _ => None,
+        }
+    }
+
+    /// Whether backing off before the next request is polite (the server asked for it).
+    pub fn is_backpressure(&self) -> bool {
+        matches!(self.status(), Some(429) | Some(503))
+    }
+}
+
+pub struct Resp {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// Result of a streamed download: never buffered, hashed on the fly.
+pub struct Streamed {
+    pub headers: HeaderMap,
+    pub size: u64,
+    pub sha256: String,
+    pub newlines: u64,
+}
+
+impl Streamed {
+    pub fn header(&self, name: &str) -> Option<String> {
+        header_str(&self.headers, name)
+    }
+}
+
+pub fn header_str(h: &HeaderMap, name: &str) -> Option<String> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(|s| s.to_string())
+}
+
+fn success(status: u16) -> bool {
+    (200..300).contains(&status) || status == 304
+}
+
+fn transport_outcome(e: &reqwest::Error) -> Outcome {
+    if e.is_timeout() {
+        Outcome::Timeout
+    } else {
+        Outcome::Io
+    }
+}
+
+pub struct Api {
+    http: Client,
+    pub base: BaseUrl,
+    pub stats: Arc<Stats>,
+    username: String,
+    password: String,
+    token: RwLock<Arc<str>>,
+    /// Serialises re-logins so a burst of 401s after token expiry logs in once.
+    relogin: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PulledRecord {
+    pub observation_id: String,
+    pub version: i64,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PullPage {
+    pub current_version: i64,
+    pub records: Vec<PulledRecord>,
+    pub change_cutoff: i64,
+    pub has_more: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PushResult {
+    pub current_version: i64,
+    #[serde(default)]
+    pub success_count: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ManifestFile {
+    pub path: String,
+    pub hash: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct Manifest {
+    pub version: String,
+    pub hash: String,
+    pub files: Vec<ManifestFile>,
+}
+
+impl Manifest {
+    /// The bundle hash as section 9.4 defines it; the ETag must carry exactly this.
+    pub fn computed_hash(&self) -> String {
+        let mut h = sha2::Sha256::new();
+        h.update(self.version.as_bytes());
+        h.update(b"\n");
+        for f in &self.files {
+            h.update(format!("{}\t{}\t{}\n", f.path, f.hash, f.size).as_bytes());
+        }
+        hex::encode(h.finalize())
+    }
+}
+
+pub enum ManifestAnswer {
+    NotModified,
+    Fresh { manifest: Manifest, etag: Option<String> },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct BundlePushResult {
+    pub version: String,
+    pub manifest: Manifest,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct UploadResult {
+    #[serde(default)]
+    pub sha256: Option<String>,
+    #[serde(default)]
+    pub size: Option<u64>,
+    #[serde(default)]
+    pub created: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AttachmentOp {
+    pub attachment_id: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AttachmentManifest {
+    pub current_version: i64,
+    pub operations: Vec<AttachmentOp>,
+}
+
+impl Api {
+    pub fn new(
+        base: BaseUrl,
+        username: String,
+        password: String,
+        stats: Arc<Stats>,
+        max_connections: usize,
+        request_timeout: Duration,
+    ) -> Result<Api> {
+        let http = Client::builder()
+            .pool_max_idle_per_host(max_connections.max(1))
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(request_timeout)
+            .tcp_nodelay(true)
+            .user_agent(concat!("synkronus-load/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Api {
+            http,
+            base,
+            stats,
+            username,
+            password,
+            token: RwLock::new(Arc::from("")),
+            relogin: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn token(&self) -> Arc<str> {
+        self.token.read().map(|t| t.clone()).unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn set_token(&self, t: &str) {
+        let mut g = self.token.write().unwrap_or_else(|p| p.into_inner());
+        *g = Arc::from(t);
+    }
+
+    /// `POST /auth/login` (6.2). One token is shared by every simulated device of the run:
+    /// logging each device in would trip the login rate limit (15) long before the sync paths.
+    pub async fn login(&self) -> Result<()> {
+        // Sent directly rather than through `exec`, whose 401 handling calls back into login.
+        let url = self.base.join("/auth/login");
+        let body = json!({"username": self.username, "password": self.password});
+        let start = Instant::now();
+        let r = match self.http.post(&url).json(&body).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                self.stats.record("login", start, transport_outcome(&e));
+                bail!("login request to {url} failed: {e}");
+            }
+        };
+        let status = r.status().as_u16();
+        let bytes = r.bytes().await;
+        let outcome = if success(status) { Outcome::Ok } else { Outcome::Status(status) };
+        self.stats.record("login", start, outcome);
+        let bytes = bytes?;
+        if !success(status) {
+            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).to_string();
+            bail!("login as {:?} failed: HTTP {status}: {text}", self.username);
+        }
+        let v: Value = serde_json::from_slice(&bytes)?;
+        let token =
+            v.get("token").and_then(Value::as_str).ok_or_else(|| anyhow!("login response has no token"))?;
+        self.set_token(token);
+        Ok(())
+    }
+
+    async fn relogin_if_stale(&self, stale: &str) -> bool {
+        let _g = self.relogin.lock().await;
+        if &*self.token() != stale {
+            return true; // another task already refreshed it
+        }
+        self.stats.add("relogins", 1);
+        self.login().await.is_ok()
+    }
+
+    /// Sends a request built by `build` (given the client and the bearer token), reads the
+    /// whole body and records latency (send to last byte) under `kind`. A 401 on an
+    /// authenticated request triggers one re-login and retry, because long runs outlive
+    /// `JWT_TTL_SECONDS`.
+    pub async fn exec<F>(&self, kind: &str, auth: bool, build: F) -> Result<Resp, Fail>
+    where
+        F: Fn(&Client, &str) -> RequestBuilder,
+    {
+        self.exec_expecting(kind, auth, None, build).await
+    }
+
+    /// `exec` for a request whose error status is the expected answer (a correctness probe):
+    /// that status is still returned as `Err`, but is not counted as an error in the report.
+    pub async fn exec_expecting<F>(
+        &self,
+        kind: &str,
+        auth: bool,
+        expected: Option<u16>,
+        build: F,
+    ) -> Result<Resp, Fail>
+    where
+        F: Fn(&Client, &str) -> RequestBuilder,
+    {
+        let mut retried = false;
+        loop {
+            let token = self.token();
+            let start = Instant::now();
+            let mut rb = build(&self.http, &token);
+            if auth {
+                rb = rb.bearer_auth(&*token);
+            }
+            let r = match rb.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.stats.record(kind, start, transport_outcome(&e));
+                    return Err(Fail::Transport(e.to_string()));
+                }
+            };
+            let status = r.status().as_u16();
+            if status == 401 && auth && !retried {
+                retried = true;
+                let _ = r.bytes().await;
+                if self.relogin_if_stale(&token).await {
+                    continue;
+                }
+                self.stats.record(kind, start, Outcome::Status(401));
+                return Err(Fail::Status(401, Bytes::new()));
+            }
+            let headers = r.headers().clone();
+            let body = match r.bytes().await {
+                Ok(b) => b,
+                Err(e) => {
+                    self.stats.record(kind, start, transport_outcome(&e));
+                    return Err(Fail::Transport(e.to_string()));
+                }
+            };
+            if success(status) {
+                self.stats.record(kind, start, Outcome::Ok);
+                return Ok(Resp { status, headers, body });
+            }
+            let outcome = if expected == Some(status) { Outcome::Ok } else { Outcome::Status(status) };
+            self.stats.record(kind, start, outcome);
+            return Err(Fail::Status(status, body));
+        }
+    }
+
+    /// Like `exec`, but streams the body: hashes it and counts bytes and newlines without
+    /// holding it in memory (200 devices x 3 MB bundles, or a 1M-row export).
+    pub async fn exec_stream<F>(&self, kind: &str, build: F) -> Result<Streamed, Fail>
+    where
+        F: Fn(&Client, &str) -> RequestBuilder,
+    {
+        let mut retried = false;
+        loop {
+            let token = self.token();
+            let start = Instant::now();
+            let r = match build(&self.http, &token).bearer_auth(&*token).send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.stats.record(kind, start, transport_outcome(&e));
+                    return Err(Fail::Transport(e.to_string()));
+                }
+            };
+            let status = r.status().as_u16();
+            if status == 401 && !retried {
+                retried = true;
+                let _ = r.bytes().await;
+                if self.relogin_if_stale(&token).await {
+                    continue;
+                }
+                self.stats.record(kind, start, Outcome::Status(401));
+                return Err(Fail::Status(401, Bytes::new()));
+            }
+            let headers = r.headers().clone();
+            if !success(status) {
+                let body = r.bytes().await.unwrap_or_default();
+                self.stats.record(kind, start, Outcome::Status(status));
+                return Err(Fail::Status(status, body));
+            }
+            let mut hasher = sha2::Sha256::new();
+            let mut size = 0u64;
+            let mut newlines = 0u64;
+            let mut stream = r.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                match chunk {
+                    Ok(c) => {
+                        size += c.len() as u64;
+                        newlines += c.iter().filter(|&&b| b == b'\n').count() as u64;
+                        hasher.update(&c);
+                    }
+                    Err(e) => {
+                        self.stats.record(kind, start, transport_outcome(&e));
+                        return Err(Fail::Transport(e.to_string()));
+                    }
+                }
+            }
+            self.stats.record(kind, start, Outcome::Ok);
+            return Ok(Streamed { headers, size, sha256: hex::encode(hasher.finalize()), newlines });
+        }
+    }
+
+    /// Decodes a success body; an undecodable one is recorded as a `decode` error of `kind`.
+    fn decode<T: serde::de::DeserializeOwned>(&self, kind: &str, body: &[u8]) -> Result<T, Fail> {
+        serde_json::from_slice(body).map_err(|e| {
+            // Count it as an error of the kind; the latency sample was already taken.
+            self.stats.record(kind, Instant::now(), Outcome::Decode);
+            Fail::Decode(e.to_string())
+        })
+    }
+
+    /// `POST /sync/pull` in the synkronus dialect: `since.version` is the cursor, exactly what
+    /// Formulus sends.
+    pub async fn pull(
+        &self,
+        kind: &str,
+        client_id: &str,
+        since: i64,
+        limit: u32,
+        schema_types: &[String],
+    ) -> Result<PullPage, Fail> {
+        let url = format!("{}?limit={limit}", self.base.join("/sync/pull"));
+        let mut body = json!({"client_id": client_id, "since": {"version": since}});
+        if !schema_types.is_empty() {
+            body["schema_types"] = json!(schema_types);
+        }
+        let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+        let resp = self
+            .exec(kind, true, |c, _| {
+                c.post(&url).header("content-type", "application/json").body(body.clone())
+            })
+            .await?;
+        self.decode(kind, &resp.body)
+    }
+
+    /// `POST /sync/push` with a fresh transmission id, as Formulus does on every attempt.
+    pub async fn push(&self, kind: &str, client_id: &str, records: &[Value]) -> Result<PushResult, Fail> {
+        let url = self.base.join("/sync/push");
+        let body = json!({
+            "transmission_id": uuid::Uuid::new_v4().to_string(),
+            "client_id": client_id,
+            "records": records,
+        });
+        let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+        let resp = self
+            .exec(kind, true, |c, _| {
+                c.post(&url).header("content-type", "application/json").body(body.clone())
+            })
+            .await?;
+        self.decode(kind, &resp.body)
+    }
+
+    /// `POST /sync/push` of a body built by `RecordPool::push_body`.
+    pub async fn push_raw(&self, kind: &str, body: Bytes) -> Result<PushResult, Fail> {
+        let url = self.base.join("/sync/push");
+        let resp = self
+            .exec(kind, true, |c, _| {
+                c.post(&url).header("content-type", "application/json").body(body.clone())
+            })
+            .await?;
+        self.decode(kind, &resp.body)
+    }
+
+    /// `GET /app-bundle/manifest`, conditional when `etag` is given.
+    pub async fn manifest(&self, kind: &str, etag: Option<&str>) -> Result<ManifestAnswer, Fail> {
+        let url = self.base.join("/app-bundle/manifest");
+        let resp = self
+            .exec(kind, true, |c, _| {
+                let rb = c.get(&url);
+                match etag {
+                    Some(t) => rb.header("if-none-match", t),
+                    None => rb,
+                }
+            })
+            .await?;
+        if resp.status == 304 {
+            return Ok(ManifestAnswer::NotModified);
+        }
+        let manifest = self.decode(kind, &resp.body)?;
+        Ok(ManifestAnswer::Fresh { manifest, etag: header_str(&resp.headers, "etag") })
+    }
+
+    /// `GET /app-bundle/download/<percent-encoded path>[?version=V]`, streamed and hashed.
+    pub async fn bundle_file(&self, kind: &str, path: &str, version: Option<&str>) -> Result<Streamed, Fail> {
+        let mut url = self.base.join(&format!("/app-bundle/download/{}", encode_segment(path)));
+        if let Some(v) = version {
+            url.push_str(&format!("?version={}", encode_segment(v)));
+        }
+        self.exec_stream(kind, |c, _| c.get(&url)).await
+    }
+
+    /// `POST /app-bundle/push` (multipart part `bundle`), optionally activating.
+    pub async fn bundle_push(&self, zip: Bytes, activate: bool) -> Result<BundlePushResult, Fail> {
+        let url = self.base.join("/app-bundle/push");
+        let resp = self
+            .exec("bundle_push", true, |c, _| {
+                let part = reqwest::multipart::Part::stream_with_length(zip.clone(), zip.len() as u64)
+                    .file_name("bundle.zip")
+                    .mime_str("application/zip")
+                    .unwrap_or_else(|_| reqwest::multipart::Part::bytes(zip.to_vec()));
+                let form = reqwest::multipart::Form::new()
+                    .part("bundle", part)
+                    .text("activate", if activate { "true" } else { "false" });
+                c.post(&url).multipart(form)
+            })
+            .await?;
+        self.decode("bundle_push", &resp.body)
+    }
+
+    /// `POST /app-bundle/switch/{version}`.
+    pub async fn bundle_switch(&self, version: &str) -> Result<(), Fail> {
+        let url = self.base.join(&format!("/app-bundle/switch/{}", encode_segment(version)));
+        self.exec("switch", true, |c, _| c.post(&url)).await.map(|_| ())
+    }
+
+    /// `PUT /attachments/{id}` as multipart part `file`, which is what real clients send.
+    pub async fn upload_attachment(&self, kind: &str, id: &str, bytes: Bytes) -> Result<UploadResult, Fail> {
+        self.upload_attachment_expecting(kind, id, bytes, None).await
+    }
+
+    /// An upload whose expected answer may be an error status (409 for different bytes).
+    pub async fn upload_attachment_expecting(
+        &self,
+        kind: &str,
+        id: &str,
+        bytes: Bytes,
+        expected: Option<u16>,
+    ) -> Result<UploadResult, Fail> {
+        let url = self.base.join(&format!("/attachments/{}", encode_segment(id)));
+        let resp = self
+            .exec_expecting(kind, true, expected, |c, _| {
+                let part = reqwest::multipart::Part::stream_with_length(bytes.clone(), bytes.len() as u64)
+                    .file_name(id.to_string());
+                c.put(&url).multipart(reqwest::multipart::Form::new().part("file", part))
+            })
+            .await?;
+        self.decode(kind, &resp.body)
+    }
+
+    /// `GET /attachments/{id}`, streamed and hashed.
+    pub async fn download_attachment(&self, kind: &str, id: &str) -> Result<Streamed, Fail> {
+        let url = self.base.join(&format!("/attachments/{}", encode_segment(id)));
+        self.exec_stream(kind, |c, _| c.get(&url)).await
+    }
+
+    /// `POST /attachments/manifest` (the Synkronus 1.0 shape Formulus uses).
+    pub async fn attachment_manifest(&self, client_id: &str, since: i64) -> Result<AttachmentManifest, Fail> {
+        let url = self.base.join("/attachments/manifest");
+        let body = json!({"client_id": client_id, "since_version": since});
+        let resp = self.exec("attachment_manifest", true, |c, _| c.post(&url).json(&body)).await?;
+        self.decode("attachment_manifest", &resp.body)
+    }
+
+    /// `GET /data/export?format=F`, streamed. An export of a million rows can legitimately
+    /// take minutes, so the per-request timeout is replaced by `timeout`.
+    pub async fn export(&self, format: &str, timeout: Duration) -> Result<Streamed, Fail> {
+        let url = format!("{}?format={format}", self.base.join("/data/export"));
+        self.exec_stream("export", |c, _| c.get(&url).timeout(timeout)).await
+    }
+
+    /// `GET /status` (observation count, head).
+    pub async fn status(&self) -> Result<Value, Fail> {
+        let url = self.base.join("/status");
+        let resp = self.exec("status", true, |c, _| c.get(&url)).await?;
+        self.decode("status", &resp.body)
+    }
+
+    /// The current head, learned the way a client does: an empty push is valid and answers
+    /// with `current_version` (17.2).
+    pub async fn head(&self, client_id: &str) -> Result<i64> {
+        match self.push("setup", client_id, &[]).await {
+            Ok(r) => Ok(r.current_version),
+            Err(e) => bail!("empty push to learn the head failed: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_fully_encoded() {
+        assert_eq!(encode_segment("forms/household/schema.json"), "forms%2Fhousehold%2Fschema.json");
+        assert_eq!(encode_segment("photo 1.jpg"), "photo%201.jpg");
+        assert_eq!(encode_segment("20250625-120000"), "20250625-120000");
+        assert_eq!(encode_segment("a%b"), "a%25b");
+    }
+
+    #[test]
+    fn manifest_hash_follows_contract() {
+        let m = Manifest {
+            version: "20250625-120000".into(),
+            hash: String::new(),
+            files: vec![ManifestFile { path: "app/index.html".into(), hash: "ab".into(), size: 3 }],
+        };
+        let expected = crate::payload::sha256_hex(b"20250625-120000\napp/index.html\tab\t3\n");
+        assert_eq!(m.computed_hash(), expected);
+    }
+
+    #[test]
+    fn pull_page_ignores_data() {
+        let body = br#"{"current_version":5,"records":[{"observation_id":"a","version":4,
+            "data":{"big":[1,2,3]},"form_type":"x"}],"change_cutoff":4,"has_more":true,
+            "next_page_token":"t","sync_format_version":"1.0"}"#;
+        let p: PullPage = serde_json::from_slice(body).unwrap();
+        assert_eq!(p.records[0].observation_id, "a");
+        assert!(p.has_more);
+    }
+}
