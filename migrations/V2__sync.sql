@@ -8,19 +8,21 @@ CREATE TABLE change_head (
 INSERT INTO change_head (head) VALUES (0);
 
 -- Current state of each observation; change_id is the id of its latest change.
+-- `data`, `geolocation` and `tags` are `json`, not `jsonb`: clients get back exactly the number
+-- text they sent (1e300 stays 1e300), and json is cheaper to write on the hot push path.
 CREATE TABLE records (
     id            text PRIMARY KEY,
     form_type     text NOT NULL,
     form_version  text NOT NULL,
-    data          jsonb NOT NULL,
+    data          json NOT NULL,
     deleted       boolean NOT NULL,
     created_at    timestamptz,
     updated_at    timestamptz,
     synced_at     timestamptz NOT NULL,
-    geolocation   jsonb,
+    geolocation   json,
     author        text,
     device_id     text,
-    tags          jsonb,
+    tags          json,
     change_id     bigint NOT NULL UNIQUE,
     created_by    text NOT NULL
 );
@@ -33,15 +35,15 @@ CREATE TABLE record_revisions (
     record_id         text NOT NULL,
     form_type         text NOT NULL,
     form_version      text NOT NULL,
-    data              jsonb NOT NULL,
+    data              json NOT NULL,
     deleted           boolean NOT NULL,
     created_at        timestamptz,
     updated_at        timestamptz,
     synced_at         timestamptz NOT NULL,
-    geolocation       jsonb,
+    geolocation       json,
     author            text,
     device_id         text,
-    tags              jsonb,
+    tags              json,
     client_id         text NOT NULL,
     transmission_id   text,
     pushed_by         text NOT NULL,

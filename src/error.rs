@@ -146,25 +146,24 @@ impl ItemProblem {
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
-    pub errors: Vec<ItemProblem>,
-    pub extra: Map<String, Value>,
-    pub headers: Vec<(header::HeaderName, String)>,
     /// Logged at error level when the response is built; never sent.
     pub cause: Option<String>,
+    /// Boxed so that `Result<T, ApiError>` stays small on every happy path.
+    details: Box<Details>,
+}
+
+#[derive(Debug, Default)]
+struct Details {
+    errors: Vec<ItemProblem>,
+    extra: Map<String, Value>,
+    headers: Vec<(header::HeaderName, String)>,
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError {
-            code,
-            message: message.into(),
-            errors: Vec::new(),
-            extra: Map::new(),
-            headers: Vec::new(),
-            cause: None,
-        }
+        ApiError { code, message: message.into(), cause: None, details: Box::default() }
     }
 
     pub fn of(code: ErrorCode) -> Self {
@@ -200,23 +199,27 @@ impl ApiError {
     pub fn rate_limited(retry_after_secs: u64) -> Self {
         let secs = retry_after_secs.max(1);
         let mut e = Self::of(ErrorCode::RateLimited).with_header(header::RETRY_AFTER, secs.to_string());
-        e.extra.insert("retry_after".into(), Value::from(secs));
+        e.details.extra.insert("retry_after".into(), Value::from(secs));
         e
     }
 
     pub fn with_errors(mut self, errors: Vec<ItemProblem>) -> Self {
-        self.errors = errors;
+        self.details.errors = errors;
         self
     }
 
     pub fn with_extra(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.extra.insert(key.to_string(), value.into());
+        self.details.extra.insert(key.to_string(), value.into());
         self
     }
 
     pub fn with_header(mut self, name: header::HeaderName, value: impl Into<String>) -> Self {
-        self.headers.push((name, value.into()));
+        self.details.headers.push((name, value.into()));
         self
+    }
+
+    pub fn errors(&self) -> &[ItemProblem] {
+        &self.details.errors
     }
 
     pub fn with_path(self, path: &str) -> Self {
@@ -258,8 +261,9 @@ impl ResponseError for ApiError {
         body.insert("error".into(), code);
         body.insert("message".into(), message);
         body.insert("request_id".into(), Value::from(request_id));
-        if !self.errors.is_empty() {
+        if !self.details.errors.is_empty() {
             let items: Vec<Value> = self
+                .details
                 .errors
                 .iter()
                 .take(MAX_ITEM_PROBLEMS)
@@ -267,7 +271,7 @@ impl ResponseError for ApiError {
                 .collect();
             body.insert("errors".into(), Value::Array(items));
         }
-        for (k, v) in &self.extra {
+        for (k, v) in &self.details.extra {
             body.insert(k.clone(), v.clone());
         }
         let mut builder = HttpResponse::build(status);
@@ -275,7 +279,7 @@ impl ResponseError for ApiError {
         if status == StatusCode::UNAUTHORIZED {
             builder.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
         }
-        for (name, value) in &self.headers {
+        for (name, value) in &self.details.headers {
             builder.insert_header((name.clone(), value.clone()));
         }
         builder.body(Value::Object(body).to_string())

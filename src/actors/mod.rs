@@ -1,13 +1,39 @@
 //! Actors own the server's single-owner state; handlers talk to them with messages.
 
+pub mod change_log;
+
+use std::time::Duration;
+
+use actix::{Actor, Addr};
+
+use crate::config::Config;
+
 /// The addresses of the running actors.
 #[derive(Clone)]
-pub struct Actors {}
+pub struct Actors {
+    pub change_log: Addr<change_log::ChangeLog>,
+}
 
 /// Starts every actor; called once by the app factory.
-pub async fn start(
-    _config: &crate::config::Config,
-    _pool: &deadpool_postgres::Pool,
-) -> anyhow::Result<Actors> {
-    Ok(Actors {})
+pub async fn start(config: &Config, pool: &deadpool_postgres::Pool) -> anyhow::Result<Actors> {
+    let change_log = change_log::ChangeLog::new(pool.clone()).start();
+    spawn_housekeeping(pool.clone(), config.transmission_retention_days);
+    Ok(Actors { change_log })
+}
+
+/// Hourly clean-up of what only ever grows: old transmission results and expired tokens.
+fn spawn_housekeeping(pool: deadpool_postgres::Pool, retention_days: u32) {
+    actix::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            tick.tick().await;
+            let Ok(db) = pool.get().await else { continue };
+            if let Err(e) = crate::db::records::purge_transmissions(&db, retention_days).await {
+                tracing::warn!(error = %e, "purging old transmissions failed");
+            }
+            if let Err(e) = crate::db::users::purge_expired_tokens(&db).await {
+                tracing::warn!(error = %e, "purging expired tokens failed");
+            }
+        }
+    });
 }

@@ -1,6 +1,7 @@
 //! Database access: the pool, migrations, and one module of SQL per table family.
 
 pub mod embedded;
+pub mod records;
 pub mod status;
 pub mod tls;
 pub mod users;

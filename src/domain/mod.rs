@@ -5,5 +5,6 @@ pub mod export;
 pub mod mime;
 pub mod page_token;
 pub mod role;
+pub mod sync;
 pub mod time;
 pub mod user;

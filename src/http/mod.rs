@@ -5,8 +5,10 @@ pub mod context;
 pub mod cors;
 pub mod extract;
 pub mod health;
+pub mod observations;
 pub mod request_id;
 pub mod routing;
+pub mod sync;
 pub mod users;
 
 use actix_web::web;
@@ -16,6 +18,8 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     health::routes(cfg);
     auth::routes(cfg);
     users::routes(cfg);
+    sync::routes(cfg);
+    observations::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.

@@ -53,6 +53,8 @@ pub async fn fresh_database() -> String {
     name
 }
 
+/// Not every test module uses every field (the temp data root must live as long as the server).
+#[allow(dead_code)]
 pub struct TestApp {
     pub base: String,
     pub port: u16,

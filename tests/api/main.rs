@@ -2,3 +2,4 @@
 mod helpers;
 
 mod foundation;
+mod sync;

@@ -1,0 +1,318 @@
+//! The `ChangeLog` actor owns change_id allocation and commit order (ARCHITECTURE.md, "the change
+//! log"). Pushes queue in its mailbox; every push waiting while a commit runs joins the next group
+//! commit: one transaction, under one advisory lock, that assigns change_ids in order, writes
+//! records, revisions and transmission results, moves the head, commits, then answers each sender.
+
+use std::collections::{HashMap, VecDeque};
+
+use actix::prelude::*;
+use chrono::{SubsecRound, Utc};
+use deadpool_postgres::Pool;
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use crate::db::records::{self, CurrentState, RevisionBatch, CHANGELOG_LOCK};
+use crate::domain::sync::{IncomingRecord, PushResult, Warning};
+use crate::error::{ApiError, ApiResult, ErrorCode};
+
+/// Bounds on one group commit: enough to amortise the transaction, small enough to keep latency flat.
+const MAX_PUSHES_PER_COMMIT: usize = 256;
+const MAX_RECORDS_PER_COMMIT: usize = 20_000;
+
+/// A validated push, ready to commit.
+pub struct Push {
+    pub client_id: String,
+    pub transmission_id: Option<String>,
+    pub fingerprint: Vec<u8>,
+    pub records: Vec<IncomingRecord>,
+    /// Warnings found before the commit (decoding, schema checks), by record index.
+    pub warnings: Vec<(usize, Warning)>,
+    pub pushed_by: String,
+}
+
+impl Message for Push {
+    type Result = ApiResult<PushOutcome>;
+}
+
+#[derive(Debug, Clone)]
+pub struct PushOutcome {
+    pub result: PushResult,
+    /// True when this answer is a stored result replayed for a retry.
+    pub replayed: bool,
+}
+
+struct Pending {
+    push: Push,
+    reply: oneshot::Sender<ApiResult<PushOutcome>>,
+}
+
+pub struct ChangeLog {
+    pool: Pool,
+    pending: VecDeque<Pending>,
+    committing: bool,
+}
+
+impl ChangeLog {
+    pub fn new(pool: Pool) -> Self {
+        ChangeLog { pool, pending: VecDeque::new(), committing: false }
+    }
+
+    /// Starts a group commit of what is waiting, unless one is already running.
+    fn commit_next(&mut self, ctx: &mut Context<Self>) {
+        if self.committing || self.pending.is_empty() {
+            return;
+        }
+        let mut batch = Vec::new();
+        let mut records = 0;
+        while let Some(next) = self.pending.front() {
+            let n = next.push.records.len();
+            if !batch.is_empty()
+                && (batch.len() >= MAX_PUSHES_PER_COMMIT || records + n > MAX_RECORDS_PER_COMMIT)
+            {
+                break;
+            }
+            records += n;
+            if let Some(p) = self.pending.pop_front() {
+                batch.push(p);
+            }
+        }
+        self.committing = true;
+        let pool = self.pool.clone();
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(commit_and_reply(pool, batch)).map(|_, act, ctx| {
+            act.committing = false;
+            act.commit_next(ctx);
+        }));
+    }
+}
+
+impl Actor for ChangeLog {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // Handlers only enqueue, so a deep mailbox costs little and keeps pushers from stalling.
+        ctx.set_mailbox_capacity(4096);
+    }
+}
+
+impl Handler<Push> for ChangeLog {
+    type Result = ResponseFuture<ApiResult<PushOutcome>>;
+
+    fn handle(&mut self, push: Push, ctx: &mut Self::Context) -> Self::Result {
+        let (reply, answer) = oneshot::channel();
+        self.pending.push_back(Pending { push, reply });
+        self.commit_next(ctx);
+        Box::pin(async move {
+            answer.await.unwrap_or_else(|_| Err(ApiError::internal("change log dropped a push")))
+        })
+    }
+}
+
+/// Commits a batch; if the batch as a whole fails for a reason other than the database being
+/// away, each push is retried alone so that one bad push cannot fail the others.
+async fn commit_and_reply(pool: Pool, batch: Vec<Pending>) {
+    let pushes: Vec<&Push> = batch.iter().map(|p| &p.push).collect();
+    match commit(&pool, &pushes).await {
+        Ok(outcomes) => {
+            for (pending, outcome) in batch.into_iter().zip(outcomes) {
+                let _ = pending.reply.send(outcome);
+            }
+        }
+        Err(e) if batch.len() > 1 && e.code != ErrorCode::ServiceUnavailable => {
+            tracing::warn!(error = %e, cause = e.cause.as_deref().unwrap_or(""), pushes = batch.len(),
+                "group commit failed; committing its pushes one by one");
+            for pending in batch {
+                let outcome = match commit(&pool, &[&pending.push]).await {
+                    Ok(mut outcomes) => {
+                        outcomes.pop().unwrap_or_else(|| Err(ApiError::internal("empty commit")))
+                    }
+                    Err(e) => Err(e),
+                };
+                let _ = pending.reply.send(outcome);
+            }
+        }
+        Err(e) => {
+            for pending in batch {
+                let copy = if e.code == ErrorCode::ServiceUnavailable {
+                    ApiError::unavailable(e.cause.as_deref().unwrap_or("database unavailable"))
+                } else {
+                    ApiError::internal(e.cause.as_deref().unwrap_or("commit failed"))
+                };
+                let _ = pending.reply.send(Err(copy));
+            }
+        }
+    }
+}
+
+/// What a push turns into once the stored transmissions are known.
+enum Decision {
+    Apply,
+    Replay(PushResult),
+    /// A duplicate of an earlier push in the same batch: it replays that push's result.
+    SameAs(usize),
+    Mismatch,
+}
+
+/// One transaction for the whole batch. The outer error fails the batch; inner errors are per push.
+async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOutcome>>> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    let head = records::head(&tx).await?;
+
+    let decisions = decide(&tx, pushes).await?;
+
+    let mut ids: Vec<String> = Vec::new();
+    let mut need_data: Vec<String> = Vec::new();
+    for (push, decision) in pushes.iter().zip(&decisions) {
+        if matches!(decision, Decision::Apply) {
+            for r in &push.records {
+                ids.push(r.id.clone());
+                if r.data.is_none() {
+                    need_data.push(r.id.clone());
+                }
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let mut states = records::current_states(&tx, &ids, &need_data).await?;
+
+    // Server time is the commit time; microseconds, as the database stores it.
+    let now = Utc::now().trunc_subsecs(6);
+    let mut next = head;
+    let mut revisions = RevisionBatch::default();
+    let mut results: Vec<Option<PushResult>> = vec![None; pushes.len()];
+    for (i, (push, decision)) in pushes.iter().zip(&decisions).enumerate() {
+        if !matches!(decision, Decision::Apply) {
+            continue;
+        }
+        let mut items = Vec::with_capacity(push.records.len());
+        let mut warnings = push.warnings.clone();
+        for (index, rec) in push.records.iter().enumerate() {
+            next += 1;
+            let prev = states.get(&rec.id);
+            let overwrote = prev.map(|s| s.change_id);
+            let conflict = match (rec.base_version, overwrote) {
+                (Some(base), Some(current)) if base < current => {
+                    warnings.push((index, Warning::conflict_overwritten(&rec.id, base, current)));
+                    true
+                }
+                _ => false,
+            };
+            let data =
+                rec.data.clone().or_else(|| prev.and_then(|s| s.data.clone())).unwrap_or_else(|| json!({}));
+            let created_at = rec.created_at.or_else(|| prev.and_then(|s| s.created_at)).or(Some(now));
+            let created_by = prev.map(|s| s.created_by.clone()).unwrap_or_else(|| push.pushed_by.clone());
+
+            revisions.change_id.push(next);
+            revisions.record_id.push(rec.id.clone());
+            revisions.form_type.push(rec.form_type.clone());
+            revisions.form_version.push(rec.form_version.clone());
+            revisions.data.push(data.clone());
+            revisions.deleted.push(rec.deleted);
+            revisions.created_at.push(created_at);
+            revisions.updated_at.push(rec.updated_at.or(Some(now)));
+            revisions.geolocation.push(rec.geolocation.clone());
+            revisions.author.push(rec.author.clone());
+            revisions.device_id.push(rec.device_id.clone());
+            revisions.tags.push(rec.tags.as_ref().map(|t| json!(t)));
+            revisions.client_id.push(push.client_id.clone());
+            revisions.transmission_id.push(push.transmission_id.clone());
+            revisions.pushed_by.push(push.pushed_by.clone());
+            revisions.created_by.push(created_by.clone());
+            revisions.overwrote_version.push(overwrote);
+            revisions.conflict.push(conflict);
+
+            states.insert(
+                rec.id.clone(),
+                CurrentState { change_id: next, created_at, created_by, data: Some(data) },
+            );
+            items.push((rec.id.clone(), next));
+        }
+        warnings.sort_by_key(|(index, _)| *index);
+        results[i] =
+            Some(PushResult { head: 0, items, warnings: warnings.into_iter().map(|(_, w)| w).collect() });
+    }
+    for result in results.iter_mut().flatten() {
+        result.head = next;
+    }
+
+    records::write_revisions(&tx, &revisions, now).await?;
+    let mut t_clients = Vec::new();
+    let mut t_ids = Vec::new();
+    let mut t_prints = Vec::new();
+    let mut t_results = Vec::new();
+    for ((push, decision), result) in pushes.iter().zip(&decisions).zip(&results) {
+        if let (Decision::Apply, Some(tid), Some(result)) = (decision, &push.transmission_id, result) {
+            t_clients.push(push.client_id.clone());
+            t_ids.push(tid.clone());
+            t_prints.push(push.fingerprint.clone());
+            t_results.push(serde_json::to_value(result).map_err(ApiError::internal)?);
+        }
+    }
+    records::insert_transmissions(&tx, &t_clients, &t_ids, &t_prints, &t_results).await?;
+    if next != head {
+        records::set_head(&tx, next).await?;
+    }
+    tx.commit().await?;
+
+    Ok(decisions
+        .into_iter()
+        .enumerate()
+        .map(|(i, decision)| match decision {
+            Decision::Apply => results[i]
+                .clone()
+                .map(|result| PushOutcome { result, replayed: false })
+                .ok_or_else(|| ApiError::internal("missing push result")),
+            Decision::SameAs(j) => results[j]
+                .clone()
+                .map(|result| PushOutcome { result, replayed: true })
+                .ok_or_else(|| ApiError::internal("missing push result")),
+            Decision::Replay(result) => Ok(PushOutcome { result, replayed: true }),
+            Decision::Mismatch => Err(ApiError::of(ErrorCode::TransmissionMismatch)),
+        })
+        .collect())
+}
+
+/// Replays, mismatches and in-batch duplicates, decided after the lock so that concurrent
+/// duplicates (in this batch, a later batch or another process) see each other's results.
+async fn decide(tx: &deadpool_postgres::Transaction<'_>, pushes: &[&Push]) -> ApiResult<Vec<Decision>> {
+    let keyed: Vec<(String, String)> = pushes
+        .iter()
+        .filter_map(|p| p.transmission_id.as_ref().map(|t| (p.client_id.clone(), t.clone())))
+        .collect();
+    let (clients, tids): (Vec<String>, Vec<String>) = keyed.into_iter().unzip();
+    let stored: HashMap<(String, String), records::StoredTransmission> =
+        records::find_transmissions(tx, &clients, &tids)
+            .await?
+            .into_iter()
+            .map(|t| ((t.client_id.clone(), t.transmission_id.clone()), t))
+            .collect();
+    let mut first_in_batch: HashMap<(String, String), usize> = HashMap::new();
+    let mut decisions = Vec::with_capacity(pushes.len());
+    for (i, push) in pushes.iter().enumerate() {
+        let Some(tid) = &push.transmission_id else {
+            decisions.push(Decision::Apply);
+            continue;
+        };
+        let key = (push.client_id.clone(), tid.clone());
+        let decision = if let Some(s) = stored.get(&key) {
+            if s.fingerprint == push.fingerprint {
+                Decision::Replay(s.result.clone())
+            } else {
+                Decision::Mismatch
+            }
+        } else if let Some(&j) = first_in_batch.get(&key) {
+            if pushes[j].fingerprint == push.fingerprint {
+                Decision::SameAs(j)
+            } else {
+                Decision::Mismatch
+            }
+        } else {
+            first_in_batch.insert(key, i);
+            Decision::Apply
+        };
+        decisions.push(decision);
+    }
+    Ok(decisions)
+}

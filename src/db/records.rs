@@ -1,0 +1,382 @@
+//! SQL for observations: pull pages, the group commit's writes, and read access.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+use tokio_postgres::Row;
+
+use crate::domain::sync::{PushResult, StoredRecord};
+use crate::error::ApiResult;
+
+/// Serialises change_id allocation across server processes sharing one database.
+pub const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
+
+const RECORD_COLUMNS: &str =
+    "id, form_type, form_version, data, deleted, created_at, updated_at, synced_at, \
+     geolocation, author, device_id, tags, change_id";
+
+fn record_from_row(row: &Row, offset: usize) -> StoredRecord {
+    StoredRecord {
+        id: row.get(offset),
+        form_type: row.get(offset + 1),
+        form_version: row.get(offset + 2),
+        data: row.get(offset + 3),
+        deleted: row.get(offset + 4),
+        created_at: row.get(offset + 5),
+        updated_at: row.get(offset + 6),
+        synced_at: row.get(offset + 7),
+        geolocation: row.get(offset + 8),
+        author: row.get(offset + 9),
+        device_id: row.get(offset + 10),
+        tags: row.get(offset + 11),
+        change_id: row.get(offset + 12),
+    }
+}
+
+/// One pull page: the snapshot head S and up to `limit + 1` records with `after < change_id <= S`,
+/// read by one statement so both come from the same snapshot (API.md 8.2).
+pub async fn pull_page(
+    db: &impl GenericClient,
+    after: i64,
+    types: &[String],
+    limit: i64,
+) -> ApiResult<(i64, Vec<StoredRecord>)> {
+    let sql = format!(
+        "WITH h AS (SELECT head FROM change_head)
+         SELECT h.head, r.* FROM h LEFT JOIN LATERAL (
+             SELECT {RECORD_COLUMNS} FROM records
+             WHERE change_id > $1 AND change_id <= h.head
+               AND (cardinality($2::text[]) = 0 OR form_type = ANY($2))
+             ORDER BY change_id LIMIT $3
+         ) r ON true"
+    );
+    let rows = db.query(&sql, &[&after, &types, &(limit + 1)]).await?;
+    let head: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
+    let records = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<String>>(1).is_some())
+        .map(|r| record_from_row(r, 1))
+        .collect();
+    Ok((head, records))
+}
+
+pub async fn head(db: &impl GenericClient) -> ApiResult<i64> {
+    Ok(db.query_one("SELECT head FROM change_head", &[]).await?.get(0))
+}
+
+/// What the commit needs to know about a record that already exists.
+#[derive(Debug, Clone)]
+pub struct CurrentState {
+    pub change_id: i64,
+    pub created_at: Option<DateTime<Utc>>,
+    pub created_by: String,
+    /// Loaded only for records a deletion without data will touch.
+    pub data: Option<Value>,
+}
+
+pub async fn current_states(
+    db: &impl GenericClient,
+    ids: &[String],
+    need_data: &[String],
+) -> ApiResult<HashMap<String, CurrentState>> {
+    let rows = db
+        .query(
+            "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data END
+             FROM records WHERE id = ANY($1)",
+            &[&ids, &need_data],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            (
+                r.get::<_, String>(0),
+                CurrentState {
+                    change_id: r.get(1),
+                    created_at: r.get(2),
+                    created_by: r.get(3),
+                    data: r.get(4),
+                },
+            )
+        })
+        .collect())
+}
+
+/// A stored transmission result, for replay or mismatch detection.
+pub struct StoredTransmission {
+    pub client_id: String,
+    pub transmission_id: String,
+    pub fingerprint: Vec<u8>,
+    pub result: PushResult,
+}
+
+pub async fn find_transmissions(
+    db: &impl GenericClient,
+    client_ids: &[String],
+    transmission_ids: &[String],
+) -> ApiResult<Vec<StoredTransmission>> {
+    if client_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = db
+        .query(
+            "SELECT t.client_id, t.transmission_id, t.fingerprint, t.result
+             FROM transmissions t
+             JOIN unnest($1::text[], $2::text[]) AS k(c, i) ON t.client_id = k.c AND t.transmission_id = k.i",
+            &[&client_ids, &transmission_ids],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let result: Value = r.get(3);
+            Some(StoredTransmission {
+                client_id: r.get(0),
+                transmission_id: r.get(1),
+                fingerprint: r.get(2),
+                result: serde_json::from_value(result).ok()?,
+            })
+        })
+        .collect())
+}
+
+/// Column arrays for one set-based insert of revisions (and, from the last revision of each id,
+/// the records' new current state).
+#[derive(Default)]
+pub struct RevisionBatch {
+    pub change_id: Vec<i64>,
+    pub record_id: Vec<String>,
+    pub form_type: Vec<String>,
+    pub form_version: Vec<String>,
+    pub data: Vec<Value>,
+    pub deleted: Vec<bool>,
+    pub created_at: Vec<Option<DateTime<Utc>>>,
+    pub updated_at: Vec<Option<DateTime<Utc>>>,
+    pub geolocation: Vec<Option<Value>>,
+    pub author: Vec<Option<String>>,
+    pub device_id: Vec<Option<String>>,
+    pub tags: Vec<Option<Value>>,
+    pub client_id: Vec<String>,
+    pub transmission_id: Vec<Option<String>>,
+    pub pushed_by: Vec<String>,
+    pub created_by: Vec<String>,
+    pub overwrote_version: Vec<Option<i64>>,
+    pub conflict: Vec<bool>,
+}
+
+impl RevisionBatch {
+    pub fn is_empty(&self) -> bool {
+        self.change_id.is_empty()
+    }
+}
+
+/// Writes every revision, then upserts each record's latest revision as its current state.
+pub async fn write_revisions(
+    db: &impl GenericClient,
+    b: &RevisionBatch,
+    synced_at: DateTime<Utc>,
+) -> ApiResult<()> {
+    if b.is_empty() {
+        return Ok(());
+    }
+    db.execute(
+        "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
+             updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
+             overwrote_version, conflict)
+         SELECT c, r, ft, fv, d, del, ca, ua, $18, g, au, dv, tg, cl, tr, pb, ov, cf
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
+                     $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
+                     $13::text[], $14::text[], $15::text[], $16::bigint[], $17::bool[])
+              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cl, tr, pb, ov, cf)",
+        &[
+            &b.change_id,
+            &b.record_id,
+            &b.form_type,
+            &b.form_version,
+            &b.data,
+            &b.deleted,
+            &b.created_at,
+            &b.updated_at,
+            &b.geolocation,
+            &b.author,
+            &b.device_id,
+            &b.tags,
+            &b.client_id,
+            &b.transmission_id,
+            &b.pushed_by,
+            &b.overwrote_version,
+            &b.conflict,
+            &synced_at,
+        ],
+    )
+    .await?;
+    // DISTINCT ON keeps one row per id (its latest change): ON CONFLICT cannot touch a row twice.
+    db.execute(
+        "INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
+             geolocation, author, device_id, tags, change_id, created_by)
+         SELECT DISTINCT ON (r) r, ft, fv, d, del, ca, ua, $13, g, au, dv, tg, c, cb
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
+                     $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
+                     $14::text[])
+              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cb)
+         ORDER BY r, c DESC
+         ON CONFLICT (id) DO UPDATE SET
+             form_type = EXCLUDED.form_type, form_version = EXCLUDED.form_version, data = EXCLUDED.data,
+             deleted = EXCLUDED.deleted, created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at,
+             synced_at = EXCLUDED.synced_at, geolocation = EXCLUDED.geolocation, author = EXCLUDED.author,
+             device_id = EXCLUDED.device_id, tags = EXCLUDED.tags, change_id = EXCLUDED.change_id",
+        &[
+            &b.change_id,
+            &b.record_id,
+            &b.form_type,
+            &b.form_version,
+            &b.data,
+            &b.deleted,
+            &b.created_at,
+            &b.updated_at,
+            &b.geolocation,
+            &b.author,
+            &b.device_id,
+            &b.tags,
+            &synced_at,
+            &b.created_by,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn insert_transmissions(
+    db: &impl GenericClient,
+    client_ids: &[String],
+    transmission_ids: &[String],
+    fingerprints: &[Vec<u8>],
+    results: &[Value],
+) -> ApiResult<()> {
+    if client_ids.is_empty() {
+        return Ok(());
+    }
+    db.execute(
+        "INSERT INTO transmissions (client_id, transmission_id, fingerprint, result)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[])",
+        &[&client_ids, &transmission_ids, &fingerprints, &results],
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn set_head(db: &impl GenericClient, head: i64) -> ApiResult<()> {
+    db.execute("UPDATE change_head SET head = $1", &[&head]).await?;
+    Ok(())
+}
+
+pub async fn purge_transmissions(db: &impl GenericClient, retention_days: u32) -> ApiResult<u64> {
+    Ok(db
+        .execute(
+            "DELETE FROM transmissions WHERE created_at < now() - make_interval(days => $1)",
+            &[&(retention_days as i32)],
+        )
+        .await?)
+}
+
+// ---- read access (API.md 12) ----
+
+/// A record with its owner, for `/observations`.
+pub struct OwnedRecord {
+    pub record: StoredRecord,
+    pub created_by: String,
+}
+
+/// Which records `/observations` lists.
+pub enum Owner<'a> {
+    All,
+    User(&'a str),
+}
+
+pub async fn list_observations(
+    db: &impl GenericClient,
+    owner: Owner<'_>,
+    form_types: &[String],
+    include_deleted: bool,
+    after: i64,
+    limit: i64,
+) -> ApiResult<(i64, Vec<OwnedRecord>)> {
+    let owner_filter: Option<&str> = match owner {
+        Owner::All => None,
+        Owner::User(u) => Some(u),
+    };
+    let sql = format!(
+        "WITH h AS (SELECT head FROM change_head)
+         SELECT h.head, r.* FROM h LEFT JOIN LATERAL (
+             SELECT {RECORD_COLUMNS}, created_by FROM records
+             WHERE change_id > $1 AND change_id <= h.head
+               AND ($2::text IS NULL OR created_by = $2)
+               AND (cardinality($3::text[]) = 0 OR form_type = ANY($3))
+               AND ($4 OR NOT deleted)
+             ORDER BY change_id LIMIT $5
+         ) r ON true"
+    );
+    let rows = db.query(&sql, &[&after, &owner_filter, &form_types, &include_deleted, &(limit + 1)]).await?;
+    let head: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
+    let records = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<String>>(1).is_some())
+        .map(|r| OwnedRecord { record: record_from_row(r, 1), created_by: r.get(14) })
+        .collect();
+    Ok((head, records))
+}
+
+pub async fn find_observation(db: &impl GenericClient, id: &str) -> ApiResult<Option<OwnedRecord>> {
+    let sql = format!("SELECT {RECORD_COLUMNS}, created_by FROM records WHERE id = $1");
+    Ok(db
+        .query_opt(&sql, &[&id])
+        .await?
+        .map(|r| OwnedRecord { record: record_from_row(&r, 0), created_by: r.get(13) }))
+}
+
+/// One stored revision with its provenance (API.md 12.3).
+pub struct Revision {
+    pub record: StoredRecord,
+    pub client_id: String,
+    pub transmission_id: Option<String>,
+    pub pushed_by: String,
+    pub overwrote_version: Option<i64>,
+    pub conflict: bool,
+}
+
+/// Revisions newest first, strictly older than `before` (when given), at most `limit + 1`.
+pub async fn history(
+    db: &impl GenericClient,
+    id: &str,
+    before: Option<i64>,
+    limit: i64,
+) -> ApiResult<Vec<Revision>> {
+    let rows = db
+        .query(
+            "SELECT record_id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
+                    geolocation, author, device_id, tags, change_id,
+                    client_id, transmission_id, pushed_by, overwrote_version, conflict
+             FROM record_revisions
+             WHERE record_id = $1 AND ($2::bigint IS NULL OR change_id < $2)
+             ORDER BY change_id DESC LIMIT $3",
+            &[&id, &before, &(limit + 1)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| Revision {
+            record: record_from_row(r, 0),
+            client_id: r.get(13),
+            transmission_id: r.get(14),
+            pushed_by: r.get(15),
+            overwrote_version: r.get(16),
+            conflict: r.get(17),
+        })
+        .collect())
+}
+
+pub async fn record_exists(db: &impl GenericClient, id: &str) -> ApiResult<bool> {
+    Ok(db.query_opt("SELECT 1 FROM record_revisions WHERE record_id = $1 LIMIT 1", &[&id]).await?.is_some())
+}

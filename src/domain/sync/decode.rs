@@ -1,0 +1,482 @@
+//! Wire -> internal model for push and pull, with the validation order of API.md 8.3.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+
+use super::{clamp_limit, Dialect, IncomingRecord, PullCursor, PullRequest, PushRequest, Warning};
+use crate::domain::page_token::{self, TokenKind};
+use crate::domain::time::parse_rfc3339;
+use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
+
+const MAX_ID_CHARS: usize = 255;
+
+/// Per-dialect field names of a record.
+struct RecordKeys {
+    list_path: &'static str,
+    id: &'static [&'static str],
+    form_type: &'static str,
+    form_version: &'static str,
+    created_at: &'static str,
+    updated_at: &'static str,
+    device_id: &'static str,
+}
+
+fn record_keys(dialect: Dialect) -> RecordKeys {
+    match dialect {
+        Dialect::Synkronus => RecordKeys {
+            list_path: "/records",
+            id: &["observation_id"],
+            form_type: "form_type",
+            form_version: "form_version",
+            created_at: "created_at",
+            updated_at: "updated_at",
+            device_id: "device_id",
+        },
+        Dialect::Spec => RecordKeys {
+            list_path: "/records",
+            id: &["id"],
+            form_type: "schema_type",
+            form_version: "schema_version",
+            created_at: "created_at",
+            updated_at: "updated_at",
+            device_id: "device_id",
+        },
+        Dialect::Camel => RecordKeys {
+            list_path: "/changes/observations",
+            id: &["observationId", "id"],
+            form_type: "formType",
+            form_version: "formVersion",
+            created_at: "createdAt",
+            updated_at: "updatedAt",
+            device_id: "deviceId",
+        },
+    }
+}
+
+fn object(body: &Value) -> ApiResult<&Map<String, Value>> {
+    body.as_object().ok_or_else(|| ApiError::bad_request("Request body must be a JSON object"))
+}
+
+/// A required identifier-like string field of the request: 1–255 characters, no NUL.
+fn request_id_field(obj: &Map<String, Value>, key: &str) -> ApiResult<String> {
+    match obj.get(key) {
+        Some(Value::String(s)) if valid_free_form_id(s) => Ok(s.clone()),
+        Some(Value::String(_)) => Err(ApiError::bad_request(format!("'{key}' must be 1 to 255 characters"))
+            .with_path(&format!("/{key}"))),
+        None | Some(Value::Null) => {
+            Err(ApiError::bad_request(format!("'{key}' is required")).with_path(&format!("/{key}")))
+        }
+        Some(_) => {
+            Err(ApiError::bad_request(format!("'{key}' must be a string")).with_path(&format!("/{key}")))
+        }
+    }
+}
+
+/// Free-form ids: 1–255 characters; NUL cannot be stored in PostgreSQL text.
+pub fn valid_free_form_id(s: &str) -> bool {
+    !s.is_empty() && s.chars().count() <= MAX_ID_CHARS && !s.contains('\0')
+}
+
+/// Decodes and validates a push body. 400 for request-level problems; 422 listing every record problem.
+pub fn decode_push(body: &Value) -> ApiResult<PushRequest> {
+    let dialect = Dialect::detect(body);
+    let obj = object(body)?;
+    let (client_key, tid_key) = match dialect {
+        Dialect::Camel => ("clientId", "transmissionId"),
+        _ => ("client_id", "transmission_id"),
+    };
+    let client_id = request_id_field(obj, client_key)?;
+    let transmission_id = match (dialect, obj.get(tid_key)) {
+        (Dialect::Camel, None | Some(Value::Null)) => None,
+        _ => Some(request_id_field(obj, tid_key)?),
+    };
+    let keys = record_keys(dialect);
+    let list = match dialect {
+        Dialect::Camel => obj.get("changes").and_then(Value::as_object).and_then(|c| c.get("observations")),
+        _ => obj.get("records"),
+    };
+    let list = match list {
+        Some(Value::Array(items)) => items,
+        _ => {
+            return Err(ApiError::bad_request(format!("'{}' must be an array", keys.list_path))
+                .with_path(keys.list_path))
+        }
+    };
+
+    let mut problems = Vec::new();
+    let mut records = Vec::with_capacity(list.len());
+    let mut warnings = Vec::new();
+    for (index, item) in list.iter().enumerate() {
+        match decode_record(item, index, &keys, &mut problems) {
+            Some(record) => {
+                if record.form_type.is_empty() {
+                    warnings.push((index, Warning::missing_form_type(&record.id, keys.form_type)));
+                }
+                records.push(record);
+            }
+            None => continue,
+        }
+    }
+    if !problems.is_empty() {
+        let total = problems.len();
+        let bad_records = count_bad_records(&problems, keys.list_path);
+        let message = format!(
+            "{bad_records} of {} records failed validation ({total} problems); nothing was stored",
+            list.len()
+        );
+        return Err(ApiError::new(ErrorCode::ValidationFailed, message).with_errors(problems));
+    }
+    Ok(PushRequest { dialect, client_id, transmission_id, records, warnings })
+}
+
+fn count_bad_records(problems: &[ItemProblem], list_path: &str) -> usize {
+    let mut indexes: Vec<&str> = problems
+        .iter()
+        .filter_map(|p| p.path.strip_prefix(list_path))
+        .filter_map(|rest| rest.trim_start_matches('/').split('/').next())
+        .collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    indexes.len()
+}
+
+/// Collects one record's problems under its JSON pointer.
+struct RecordProblems<'a> {
+    base: String,
+    record_id: Option<String>,
+    list: &'a mut Vec<ItemProblem>,
+    found: bool,
+}
+
+impl RecordProblems<'_> {
+    fn add(&mut self, key: &str, code: &str, message: String) {
+        let mut p = ItemProblem::new(format!("{}/{key}", self.base), code, message);
+        p.record_id = self.record_id.clone();
+        self.list.push(p);
+        self.found = true;
+    }
+}
+
+/// Form type and version: optional strings of at most 255 characters.
+fn short_string(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems) -> String {
+    match rec.get(key) {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) if s.chars().count() > MAX_ID_CHARS => {
+            problems.add(key, "TOO_LONG", format!("{key} is longer than 255 characters"));
+            String::new()
+        }
+        Some(Value::String(s)) if s.contains('\0') => {
+            problems.add(key, "TYPE_ERROR", format!("{key} must not contain NUL characters"));
+            String::new()
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => {
+            problems.add(key, "TYPE_ERROR", format!("{key} must be a string"));
+            String::new()
+        }
+    }
+}
+
+fn timestamp(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems) -> Option<DateTime<Utc>> {
+    match rec.get(key) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => {
+            let parsed = parse_rfc3339(s);
+            if parsed.is_none() {
+                problems.add(
+                    key,
+                    "INVALID_TIMESTAMP",
+                    format!("{key} must be an RFC 3339 timestamp with an offset"),
+                );
+            }
+            parsed
+        }
+        Some(_) => {
+            problems.add(key, "INVALID_TIMESTAMP", format!("{key} must be an RFC 3339 timestamp string"));
+            None
+        }
+    }
+}
+
+/// A JSON object field (data, geolocation) that must be storable.
+fn json_object(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems) -> Option<Value> {
+    match rec.get(key) {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => {
+            if let Err(why) = storable_json(v) {
+                problems.add(key, "TYPE_ERROR", format!("{key} cannot be stored: {why}"));
+            }
+            Some(v.clone())
+        }
+        Some(_) => {
+            let what = if key == "data" { "a JSON object" } else { "an object or null" };
+            problems.add(key, "TYPE_ERROR", format!("{key} must be {what}"));
+            None
+        }
+    }
+}
+
+fn decode_record(
+    item: &Value,
+    index: usize,
+    keys: &RecordKeys,
+    problem_list: &mut Vec<ItemProblem>,
+) -> Option<IncomingRecord> {
+    let base = format!("{}/{index}", keys.list_path);
+    let Some(rec) = item.as_object() else {
+        problem_list.push(ItemProblem::new(base, "TYPE_ERROR", "record must be a JSON object"));
+        return None;
+    };
+    let mut problems = RecordProblems { base, record_id: None, list: problem_list, found: false };
+
+    // Id: the first present alias.
+    let (id_key, id_value) = keys
+        .id
+        .iter()
+        .find_map(|k| rec.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
+        .unwrap_or((keys.id[0], &Value::Null));
+    let id = match id_value {
+        Value::String(s) if !s.is_empty() && s.chars().count() > MAX_ID_CHARS => {
+            problems.add(id_key, "TOO_LONG", format!("{id_key} is longer than 255 characters"));
+            None
+        }
+        Value::String(s) if s.contains('\0') => {
+            problems.add(id_key, "TYPE_ERROR", format!("{id_key} must not contain NUL characters"));
+            None
+        }
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Null | Value::String(_) => {
+            problems.add(id_key, "REQUIRED", format!("{id_key} is required"));
+            None
+        }
+        _ => {
+            problems.add(id_key, "TYPE_ERROR", format!("{id_key} must be a string"));
+            None
+        }
+    };
+    problems.record_id = id.clone();
+
+    let form_type = short_string(rec, keys.form_type, &mut problems);
+    let form_version = short_string(rec, keys.form_version, &mut problems);
+    let deleted = match rec.get("deleted") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            problems.add("deleted", "TYPE_ERROR", "deleted must be a boolean".into());
+            false
+        }
+    };
+    let data = json_object(rec, "data", &mut problems);
+    if data.is_none() && !deleted && rec.get("data").is_none_or(Value::is_null) {
+        problems.add("data", "REQUIRED", "data is required unless the record is deleted".into());
+    }
+    let created_at = timestamp(rec, keys.created_at, &mut problems);
+    let updated_at = timestamp(rec, keys.updated_at, &mut problems);
+    let geolocation = json_object(rec, "geolocation", &mut problems);
+    let base_version = match rec.get("version") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let parsed = v.as_i64().filter(|n| *n >= 0);
+            if parsed.is_none() {
+                problems.add("version", "TYPE_ERROR", "version must be an integer >= 0".into());
+            }
+            parsed
+        }
+    };
+
+    // 2026 fields (API.md 17.5): optional, and a wrong type is dropped rather than failing the sync.
+    let optional_text =
+        |key: &str| rec.get(key).and_then(Value::as_str).filter(|s| !s.contains('\0')).map(str::to_string);
+    let author = optional_text("author");
+    let device_id = optional_text(keys.device_id);
+    let tags = rec.get("tags").and_then(Value::as_array).and_then(|items| {
+        items
+            .iter()
+            .map(|t| t.as_str().filter(|s| !s.contains('\0')).map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+    });
+
+    if problems.found {
+        return None;
+    }
+    Some(IncomingRecord {
+        id: id?,
+        form_type,
+        form_version,
+        data,
+        deleted,
+        created_at,
+        updated_at,
+        geolocation,
+        base_version,
+        author,
+        device_id,
+        tags,
+    })
+}
+
+/// NUL cannot appear in PostgreSQL text, and `\u0000` breaks any later cast to jsonb (exports,
+/// statistics): refuse it up front so the push fails with 422 instead of a database error.
+fn storable_json(v: &Value) -> Result<(), &'static str> {
+    match v {
+        Value::String(s) if s.contains('\0') => Err("strings must not contain NUL characters"),
+        Value::Array(items) => items.iter().try_for_each(storable_json),
+        Value::Object(map) => {
+            for (k, v) in map {
+                if k.contains('\0') {
+                    return Err("keys must not contain NUL characters");
+                }
+                storable_json(v)?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Query-string parts of a pull request (the query wins over the body).
+#[derive(Debug, Default, Clone)]
+pub struct PullQuery {
+    pub limit: Option<String>,
+    pub page_token: Option<String>,
+    pub schema_types: Vec<String>,
+}
+
+fn parse_limit_text(raw: &str) -> ApiResult<i64> {
+    raw.trim()
+        .parse::<i64>()
+        .map_err(|_| ApiError::bad_request("'limit' must be an integer").with_path("?limit"))
+}
+
+fn body_limit(obj: &Map<String, Value>) -> ApiResult<Option<i64>> {
+    match obj.get("limit") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(v) => Ok(Some(v)),
+            // Huge integers still mean "as many as allowed".
+            None if n.as_u64().is_some() => Ok(Some(i64::MAX)),
+            None => Err(ApiError::bad_request("'limit' must be an integer").with_path("/limit")),
+        },
+        Some(_) => Err(ApiError::bad_request("'limit' must be an integer").with_path("/limit")),
+    }
+}
+
+fn string_array(obj: &Map<String, Value>, key: &str) -> ApiResult<Vec<String>> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => {
+            items.iter().map(|v| v.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(
+                || {
+                    ApiError::bad_request(format!("'{key}' must be an array of strings"))
+                        .with_path(&format!("/{key}"))
+                },
+            )
+        }
+        Some(_) => Err(ApiError::bad_request(format!("'{key}' must be an array of strings"))
+            .with_path(&format!("/{key}"))),
+    }
+}
+
+fn cursor_value(v: &Value, key: &str) -> ApiResult<i64> {
+    let bad = || {
+        ApiError::bad_request(format!("'{key}' must be a non-negative integer")).with_path(&format!("/{key}"))
+    };
+    match v {
+        Value::Null => Ok(0),
+        Value::Number(n) => {
+            n.as_i64().filter(|v| *v >= 0).or_else(|| n.as_u64().map(|_| i64::MAX)).ok_or_else(bad)
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Decodes a POST pull body (+ query). A page token wins over an explicit cursor or filter.
+pub fn decode_pull(body: &Value, query: &PullQuery) -> ApiResult<PullRequest> {
+    let dialect = Dialect::detect(body);
+    let obj = object(body)?;
+    let client_key = if dialect == Dialect::Camel { "clientId" } else { "client_id" };
+    let client_id = request_id_field(obj, client_key)?;
+
+    let mut after = match dialect {
+        Dialect::Synkronus => match obj.get("since") {
+            None | Some(Value::Null) => 0,
+            Some(Value::Object(since)) => {
+                cursor_value(since.get("version").unwrap_or(&Value::Null), "since")?
+            }
+            Some(v @ Value::Number(_)) => cursor_value(v, "since")?,
+            Some(_) => {
+                return Err(
+                    ApiError::bad_request("'since' must be an object with a version").with_path("/since")
+                )
+            }
+        },
+        Dialect::Spec => cursor_value(obj.get("since_change_id").unwrap_or(&Value::Null), "since_change_id")?,
+        Dialect::Camel => cursor_value(obj.get("currentVersion").unwrap_or(&Value::Null), "currentVersion")?,
+    };
+    let mut types = match dialect {
+        Dialect::Camel => string_array(obj, "schemaTypes")?,
+        _ => string_array(obj, "schema_types")?,
+    };
+    types.extend(query.schema_types.iter().cloned());
+
+    let limit = match &query.limit {
+        Some(raw) => Some(parse_limit_text(raw)?),
+        None => body_limit(obj)?,
+    };
+    let token = query.page_token.clone().or_else(|| {
+        let keys: &[&str] =
+            if dialect == Dialect::Camel { &["pageToken", "page_token"] } else { &["page_token"] };
+        keys.iter().find_map(|k| obj.get(*k).and_then(Value::as_str).map(str::to_string))
+    });
+    if let Some(token) = token.filter(|t| !t.is_empty()) {
+        let cursor = decode_pull_token(&token)?;
+        after = cursor.a;
+        types = cursor.t;
+    }
+    Ok(PullRequest { dialect, client_id, after, types: normalize_types(types), limit: clamp_limit(limit) })
+}
+
+/// Decodes `GET /sync/pull?client_id=&since=&schema_types=a,b&limit=&page_token=`.
+pub fn decode_pull_query(pairs: &[(String, String)], dialect: Dialect) -> ApiResult<PullRequest> {
+    let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    let client_id = match get("client_id") {
+        Some(c) if valid_free_form_id(c) => c.to_string(),
+        Some(_) => {
+            return Err(
+                ApiError::bad_request("'client_id' must be 1 to 255 characters").with_path("?client_id")
+            )
+        }
+        None => return Err(ApiError::bad_request("'client_id' is required").with_path("?client_id")),
+    };
+    let mut after = match get("since").or_else(|| get("since_change_id")) {
+        None | Some("") => 0,
+        Some(raw) => raw.trim().parse::<i64>().ok().filter(|v| *v >= 0).ok_or_else(|| {
+            ApiError::bad_request("'since' must be a non-negative integer").with_path("?since")
+        })?,
+    };
+    let mut types: Vec<String> = pairs
+        .iter()
+        .filter(|(k, _)| k == "schema_types" || k == "schemaType")
+        .flat_map(|(_, v)| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string))
+        .collect();
+    let limit = get("limit").map(parse_limit_text).transpose()?;
+    if let Some(token) = get("page_token").filter(|t| !t.is_empty()) {
+        let cursor = decode_pull_token(token)?;
+        after = cursor.a;
+        types = cursor.t;
+    }
+    Ok(PullRequest { dialect, client_id, after, types: normalize_types(types), limit: clamp_limit(limit) })
+}
+
+fn decode_pull_token(token: &str) -> ApiResult<PullCursor> {
+    page_token::decode::<PullCursor>(TokenKind::Pull, token)
+        .filter(|c| c.a >= 0)
+        .ok_or_else(|| ApiError::of(ErrorCode::InvalidPageToken))
+}
+
+/// A set without duplicates, in a stable order (tokens and SQL see the same list).
+fn normalize_types(mut types: Vec<String>) -> Vec<String> {
+    types.sort();
+    types.dedup();
+    types
+}

@@ -1,0 +1,182 @@
+//! Read access to observations (API.md 12).
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::db::records::{self, Owner};
+use crate::domain::page_token::{self, TokenKind};
+use crate::domain::role::Role;
+use crate::domain::sync::clamp_limit;
+use crate::domain::sync::encode::synkronus_record;
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::extract::{path_param, state, Auth};
+use crate::http::sync::query_pairs;
+
+#[derive(Serialize, Deserialize)]
+struct ListCursor {
+    a: i64,
+    /// The owner filter: None = all.
+    u: Option<String>,
+    t: Vec<String>,
+    d: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct HistoryCursor {
+    /// Revisions strictly older than this change_id.
+    b: i64,
+}
+
+fn parse_limit(pairs: &[(String, String)]) -> ApiResult<i64> {
+    let raw = pairs.iter().find(|(k, _)| k == "limit").map(|(_, v)| v.as_str());
+    let parsed = raw
+        .map(|v| {
+            v.trim()
+                .parse::<i64>()
+                .map_err(|_| ApiError::bad_request("'limit' must be an integer").with_path("?limit"))
+        })
+        .transpose()?;
+    Ok(clamp_limit(parsed))
+}
+
+fn parse_bool(raw: Option<&str>, name: &str, default: bool) -> ApiResult<bool> {
+    match raw.map(|s| s.trim().to_ascii_lowercase()) {
+        None => Ok(default),
+        Some(v) if v == "true" || v == "1" => Ok(true),
+        Some(v) if v == "false" || v == "0" || v.is_empty() => Ok(false),
+        Some(_) => {
+            Err(ApiError::bad_request(format!("'{name}' must be true or false"))
+                .with_path(&format!("?{name}")))
+        }
+    }
+}
+
+pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let pairs = query_pairs(&req);
+    let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    let all = parse_bool(get("all"), "all", false)?;
+    let user = get("user").filter(|u| !u.is_empty());
+    if (all || user.is_some()) && !caller.role.allows(Role::Admin) {
+        return Err(ApiError::forbidden());
+    }
+    let limit = parse_limit(&pairs)?;
+    let mut cursor = ListCursor {
+        a: 0,
+        u: if all { user.map(str::to_string) } else { Some(user.unwrap_or(&caller.username).to_string()) },
+        t: pairs
+            .iter()
+            .filter(|(k, _)| k == "form_type")
+            .flat_map(|(_, v)| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string))
+            .collect(),
+        d: parse_bool(get("include_deleted"), "include_deleted", false)?,
+    };
+    if let Some(token) = get("page_token").filter(|t| !t.is_empty()) {
+        let decoded: ListCursor = page_token::decode(TokenKind::Observations, token)
+            .ok_or_else(|| ApiError::of(ErrorCode::InvalidPageToken))?;
+        // A token may not widen what the caller is allowed to see.
+        if decoded.u.as_deref() != Some(caller.username.as_str()) && !caller.role.allows(Role::Admin) {
+            return Err(ApiError::of(ErrorCode::InvalidPageToken));
+        }
+        cursor = decoded;
+    }
+    let owner = match &cursor.u {
+        None => Owner::All,
+        Some(u) => Owner::User(u),
+    };
+    let db = st.pool.get().await?;
+    let (head, mut found) =
+        records::list_observations(&db, owner, &cursor.t, cursor.d, cursor.a, limit).await?;
+    let has_more = found.len() as i64 > limit;
+    found.truncate(limit as usize);
+    let cutoff = found.last().map(|r| r.record.change_id).unwrap_or(head);
+    let next = ListCursor { a: if has_more { cutoff } else { head.max(cursor.a) }, ..cursor };
+    let observations: Vec<Value> = found
+        .iter()
+        .map(|o| {
+            let mut m = synkronus_record(&o.record);
+            m.insert("created_by".into(), o.created_by.clone().into());
+            Value::Object(m)
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "observations": observations,
+        "has_more": has_more,
+        "next_page_token": page_token::encode(TokenKind::Observations, &next),
+        "change_cutoff": cutoff,
+    })))
+}
+
+pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let id = path_param(&req, "id")?;
+    let db = st.pool.get().await?;
+    let found = records::find_observation(&db, &id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("Observation '{id}' not found")))?;
+    let mut m = synkronus_record(&found.record);
+    m.insert("created_by".into(), found.created_by.into());
+    Ok(HttpResponse::Ok().json(Value::Object(m)))
+}
+
+pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let id = path_param(&req, "id")?;
+    let pairs = query_pairs(&req);
+    let limit = parse_limit(&pairs)?;
+    let before = match pairs
+        .iter()
+        .find(|(k, _)| k == "page_token")
+        .map(|(_, v)| v.as_str())
+        .filter(|t| !t.is_empty())
+    {
+        None => None,
+        Some(token) => Some(
+            page_token::decode::<HistoryCursor>(TokenKind::History, token)
+                .ok_or_else(|| ApiError::of(ErrorCode::InvalidPageToken))?
+                .b,
+        ),
+    };
+    let db = st.pool.get().await?;
+    if !records::record_exists(&db, &id).await? {
+        return Err(ApiError::not_found(format!("Observation '{id}' not found")));
+    }
+    let mut revisions = records::history(&db, &id, before, limit).await?;
+    let has_more = revisions.len() as i64 > limit;
+    revisions.truncate(limit as usize);
+    let items: Vec<Value> = revisions
+        .iter()
+        .map(|r| {
+            let mut m = synkronus_record(&r.record);
+            m.remove("observation_id");
+            m.insert("client_id".into(), r.client_id.clone().into());
+            m.insert(
+                "transmission_id".into(),
+                r.transmission_id.clone().map(Value::from).unwrap_or(Value::Null),
+            );
+            m.insert("pushed_by".into(), r.pushed_by.clone().into());
+            m.insert("overwrote_version".into(), r.overwrote_version.map(Value::from).unwrap_or(Value::Null));
+            m.insert("conflict".into(), r.conflict.into());
+            Value::Object(m)
+        })
+        .collect();
+    let mut body = json!({"observation_id": id, "revisions": items, "has_more": has_more});
+    if has_more {
+        if let Some(last) = revisions.last() {
+            body["next_page_token"] =
+                page_token::encode(TokenKind::History, &HistoryCursor { b: last.record.change_id }).into();
+        }
+    }
+    Ok(HttpResponse::Ok().json(body))
+}
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    use crate::http::routing::{get, resource};
+    cfg.service(resource("/observations", "GET, HEAD").route(get().to(list)))
+        .service(resource("/observations/{id}/history", "GET, HEAD").route(get().to(history)))
+        .service(resource("/observations/{id}", "GET, HEAD").route(get().to(get_one)));
+}

@@ -1,0 +1,612 @@
+//! Sync engine: push, pull, dialects, idempotency and the no-skip guarantee (API.md 8, 16).
+
+use std::collections::{BTreeMap, HashSet};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::helpers::{assert_error, TestApp};
+
+fn fixture(name: &str) -> Value {
+    let path = format!("{}/tests/fixtures/upstream/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("fixture json")
+}
+
+async fn push(app: &TestApp, token: &str, body: Value) -> (StatusCode, Value) {
+    app.call(Method::POST, "/sync/push", Some(token), Some(body)).await
+}
+
+/// Pulls everything after `after` (synkronus dialect), following has_more; returns all records
+/// and the final cursor, asserting the pagination invariants on every page.
+async fn pull_all(app: &TestApp, token: &str, client: &str, mut after: i64, limit: i64) -> (Vec<Value>, i64) {
+    let mut out = Vec::new();
+    loop {
+        let (status, body) = app
+            .call(
+                Method::POST,
+                &format!("/sync/pull?limit={limit}"),
+                Some(token),
+                Some(json!({"client_id": client, "since": {"version": after}})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let records = body["records"].as_array().expect("records array").clone();
+        let cutoff = body["change_cutoff"].as_i64().expect("cutoff");
+        let current = body["current_version"].as_i64().expect("current_version");
+        let has_more = body["has_more"].as_bool().expect("has_more");
+        let mut last = after;
+        for r in &records {
+            let v = r["version"].as_i64().expect("version");
+            assert!(v > last, "P2: change_ids strictly increasing ({v} after {last})");
+            last = v;
+        }
+        assert!(cutoff <= current, "P4");
+        if has_more {
+            assert!(cutoff > after && cutoff >= 1, "P3");
+            assert!(body["next_page_token"].is_string());
+        } else {
+            assert!(body.get("next_page_token").is_none(), "synkronus omits the token at the end");
+        }
+        out.extend(records);
+        if !has_more {
+            return (out, current);
+        }
+        after = cutoff;
+    }
+}
+
+#[actix_web::test]
+async fn upstream_fixtures_insert_update_delete_last_arrival_wins() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let (status, body) = push(&app, &admin, fixture("test_observations.json")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["success_count"], 10);
+    assert_eq!(body["current_version"], 10);
+    assert_eq!(body["failed_records"], json!([]));
+
+    let (status, body) = push(&app, &admin, fixture("test_update_observations.json")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["current_version"], 11);
+
+    let (status, body) = push(&app, &admin, fixture("test_delete_observations.json")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["current_version"], 21);
+
+    let (records, cursor) = pull_all(&app, &admin, "reader", 0, 3).await;
+    assert_eq!(cursor, 21);
+    assert_eq!(records.len(), 10, "a record appears once, at its latest change");
+    for r in &records {
+        assert_eq!(r["deleted"], true, "deletions with older updated_at still win: {r}");
+        assert_eq!(r["data"], json!({}), "a deletion that sends data stores it");
+    }
+    let obs1 = records.iter().find(|r| r["observation_id"] == "obs_001").expect("obs_001");
+    assert_eq!(obs1["updated_at"], "2024-06-15T10:30:00Z", "client time kept as sent");
+
+    // History keeps the overwritten revisions, newest first.
+    let (status, hist) = app.call(Method::GET, "/observations/obs_001/history", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{hist}");
+    let revisions = hist["revisions"].as_array().expect("revisions");
+    assert_eq!(revisions.len(), 3);
+    assert_eq!(revisions[0]["deleted"], true);
+    assert_eq!(revisions[1]["data"]["first_name"], "Johnny");
+    assert_eq!(revisions[2]["data"]["first_name"], "John");
+    assert_eq!(revisions[2]["overwrote_version"], Value::Null);
+    assert_eq!(revisions[1]["overwrote_version"], revisions[2]["version"]);
+    assert_eq!(revisions[0]["pushed_by"], "admin");
+    assert_eq!(revisions[0]["client_id"], "test-client-001");
+}
+
+#[actix_web::test]
+async fn replay_mismatch_and_validation_store_nothing_twice() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let body = fixture("test_observations.json");
+    let first = app.send(Method::POST, "/sync/push", Some(&admin), Some(body.clone())).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(first.headers().get("x-idempotent-replay").is_none());
+    let first: Value = first.json().await.expect("json");
+
+    // Same content, different key order and spacing: a replay, nothing written.
+    let text = serde_json::to_string_pretty(&body).expect("text");
+    let retry = app
+        .client
+        .post(app.url("/sync/push"))
+        .bearer_auth(&admin)
+        .header("content-type", "text/plain")
+        .body(text)
+        .send()
+        .await
+        .expect("retry");
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert_eq!(retry.headers().get("x-idempotent-replay").and_then(|v| v.to_str().ok()), Some("true"));
+    let retry: Value = retry.json().await.expect("json");
+    assert_eq!(retry, first);
+
+    // Same key, different payload: 409 and nothing stored.
+    let mut changed = body.clone();
+    changed["records"][0]["data"]["first_name"] = json!("Mallory");
+    let (status, err) = push(&app, &admin, changed).await;
+    assert_error(status, &err, 409, "TRANSMISSION_MISMATCH");
+
+    // One invalid record among valid ones: 422 listing it, nothing stored.
+    let bad = json!({"transmission_id": "t-bad", "client_id": "c1", "records": [
+        {"observation_id": "ok-1", "form_type": "f", "data": {"a": 1}},
+        {"observation_id": "ok-2", "form_type": "f", "data": "not an object"},
+        {"observation_id": "", "form_type": "f", "data": {}},
+        {"observation_id": "ok-4", "form_type": "f", "data": {}, "updated_at": "yesterday"},
+    ]});
+    let (status, err) = push(&app, &admin, bad).await;
+    assert_error(status, &err, 422, "VALIDATION_FAILED");
+    let paths: Vec<&str> =
+        err["errors"].as_array().expect("errors").iter().filter_map(|e| e["path"].as_str()).collect();
+    assert_eq!(paths, vec!["/records/1/data", "/records/2/observation_id", "/records/3/updated_at"]);
+    let codes: Vec<&str> =
+        err["errors"].as_array().expect("errors").iter().filter_map(|e| e["code"].as_str()).collect();
+    assert_eq!(codes, vec!["TYPE_ERROR", "REQUIRED", "INVALID_TIMESTAMP"]);
+
+    let (_, status_body) = app.call(Method::GET, "/status", Some(&admin), None).await;
+    assert_eq!(status_body["current_change_id"], 10, "failed pushes assign no change_ids");
+    assert_eq!(status_body["observation_count"], 10);
+    let (status, _) = app.call(Method::GET, "/observations/ok-1", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // The failed transmission id may be retried once fixed.
+    let fixed = json!({"transmission_id": "t-bad", "client_id": "c1", "records": [
+        {"observation_id": "ok-1", "form_type": "f", "data": {"a": 1}}]});
+    let (status, ok) = push(&app, &admin, fixed).await;
+    assert_eq!(status, StatusCode::OK, "{ok}");
+    assert_eq!(ok["current_version"], 11);
+}
+
+#[actix_web::test]
+async fn request_level_errors_are_400_and_roles_apply() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let reader = app.user_token(&admin, "reader", "read-only").await;
+    for body in [
+        json!([1, 2]),
+        json!({"transmission_id": "t", "records": []}),
+        json!({"transmission_id": "t", "client_id": "", "records": []}),
+        json!({"transmission_id": "t", "client_id": "x".repeat(256), "records": []}),
+        json!({"client_id": "c", "records": []}),
+        json!({"transmission_id": "t", "client_id": "c"}),
+        json!({"transmission_id": "t", "client_id": "c", "records": {}}),
+    ] {
+        let (status, err) = push(&app, &admin, body.clone()).await;
+        assert_error(status, &err, 400, "BAD_REQUEST");
+    }
+    let (status, err) = app
+        .call(
+            Method::POST,
+            "/sync/push",
+            None,
+            Some(json!({"transmission_id": "t", "client_id": "c", "records": []})),
+        )
+        .await;
+    assert_error(status, &err, 401, "MISSING_TOKEN");
+    let (status, err) =
+        push(&app, &reader, json!({"transmission_id": "t", "client_id": "c", "records": []})).await;
+    assert_error(status, &err, 403, "FORBIDDEN");
+    // Readers may pull.
+    let (status, body) =
+        app.call(Method::POST, "/sync/pull", Some(&reader), Some(json!({"client_id": "r"}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["records"], json!([]));
+    // Empty push: valid, no change.
+    let (status, body) =
+        push(&app, &admin, json!({"transmission_id": "e", "client_id": "c", "records": []})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["success_count"], 0);
+    assert_eq!(body["current_version"], 0);
+    // Pull errors.
+    for (path, body) in [
+        ("/sync/pull", json!({"since": 0})),
+        ("/sync/pull", json!({"client_id": "c", "since": -1})),
+        ("/sync/pull", json!({"client_id": "c", "since": "x"})),
+        ("/sync/pull", json!({"client_id": "c", "schema_types": "household"})),
+        ("/sync/pull", json!({"client_id": "c", "limit": "ten"})),
+        ("/sync/pull?limit=abc", json!({"client_id": "c"})),
+    ] {
+        let (status, err) = app.call(Method::POST, path, Some(&reader), Some(body)).await;
+        assert_error(status, &err, 400, "BAD_REQUEST");
+    }
+    let (status, err) = app
+        .call(Method::POST, "/sync/pull?page_token=garbage", Some(&reader), Some(json!({"client_id": "c"})))
+        .await;
+    assert_error(status, &err, 400, "INVALID_PAGE_TOKEN");
+}
+
+#[actix_web::test]
+async fn dialects_round_trip_data_exactly() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let data = json!({
+        "name": "Ñandú 🐦 测试 \"quoted\" \\ back",
+        "nested": {"list": [1, [2, [3, {"deep": true}]], null, -0.5], "empty": {}, "arr": []},
+        "big": 12345678901234567890123456789_u128,
+        "small": 1.0000000000000000001,
+        "neg": -9223372036854775808_i64,
+        "exp": 1e300
+    });
+    let big_text = r#"{"big":12345678901234567890123456789,"exact":0.1000000000000000055511151231257827}"#;
+    let raw_data: Value = serde_json::from_str(big_text).expect("raw");
+    let geo = json!({"latitude": -1.2921, "longitude": 36.8219, "accuracy": 8.5, "altitude": null});
+
+    // synkronus push
+    let (status, body) = push(
+        &app,
+        &admin,
+        json!({"transmission_id": "t1", "client_id": "c", "records": [
+        {"observation_id": "s-1", "form_type": "ft", "form_version": "1", "data": data, "geolocation": geo,
+         "created_at": "2025-06-27T12:55:58.123+02:00", "updated_at": "2025-06-27T10:55:58Z",
+         "author": "enum1", "device_id": "dev-9", "tags": ["a", "b"]},
+        {"observation_id": "s-2", "form_type": "ft", "data": raw_data}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // spec push
+    let (status, body) = push(
+        &app,
+        &admin,
+        json!({"transmission_id": "t2", "client_id": "c", "records": [
+        {"id": "p-1", "schema_type": "ft", "schema_version": "2", "data": data}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["successes"], json!([{"id": "p-1", "change_id": 3}]));
+    assert_eq!(body["change_cutoff"], 3);
+    // camel push without transmissionId
+    let (status, body) = push(
+        &app,
+        &admin,
+        json!({"clientId": "web", "changes": {"observations": [
+        {"observationId": "c-1", "formType": "ft", "formVersion": "3", "data": data, "deviceId": "d"}]}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["timestamp"], 4);
+    assert_eq!(body["conflicts"], json!([]));
+
+    // synkronus pull
+    let (status, body) = app
+        .call(Method::POST, "/sync/pull", Some(&admin), Some(json!({"client_id": "x", "since": null})))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let recs = body["records"].as_array().expect("records");
+    assert_eq!(recs.len(), 4);
+    assert_eq!(recs[0]["data"], data);
+    assert_eq!(recs[0]["geolocation"], geo);
+    assert_eq!(recs[0]["created_at"], "2025-06-27T10:55:58.123Z");
+    assert_eq!(recs[0]["updated_at"], "2025-06-27T10:55:58Z");
+    assert_eq!(recs[0]["author"], "enum1");
+    assert_eq!(recs[0]["device_id"], "dev-9");
+    assert_eq!(recs[0]["tags"], json!(["a", "b"]));
+    assert_eq!(recs[1]["data"], raw_data, "large numbers survive exactly");
+    assert_eq!(recs[1]["data"].to_string(), big_text);
+    assert_eq!(body["sync_format_version"], "1.0");
+    // spec pull
+    let res = app
+        .send(
+            Method::POST,
+            "/sync/pull",
+            Some(&admin),
+            Some(json!({"client_id": "x", "since_change_id": 0, "limit": 2})),
+        )
+        .await;
+    assert_eq!(res.headers().get("x-api-version-used").and_then(|v| v.to_str().ok()), Some("1.1.0"));
+    let body: Value = res.json().await.expect("json");
+    assert_eq!(body["records"][0]["id"], "s-1");
+    assert_eq!(body["records"][0]["data"], data);
+    assert_eq!(body["has_more"], true);
+    assert_eq!(body["change_cutoff"], 2);
+    let token = body["next_page_token"].as_str().expect("token").to_string();
+    let (_, body) = app
+        .call(
+            Method::POST,
+            "/sync/pull",
+            Some(&admin),
+            Some(json!({"client_id": "x", "since_change_id": 0, "page_token": token})),
+        )
+        .await;
+    assert_eq!(body["records"][0]["id"], "p-1");
+    assert_eq!(body["records"][0]["schema_version"], "2");
+    assert_eq!(body["has_more"], false);
+    assert!(body["next_page_token"].is_string(), "spec always returns a token");
+    // camel pull
+    let (_, body) = app
+        .call(Method::POST, "/sync/pull", Some(&admin), Some(json!({"clientId": "x", "currentVersion": 3})))
+        .await;
+    let obs = body["changes"]["observations"].as_array().expect("observations");
+    assert_eq!(obs.len(), 1);
+    assert_eq!(obs[0]["observationId"], "c-1");
+    assert_eq!(obs[0]["data"], data);
+    assert_eq!(obs[0]["deviceId"], "d");
+    assert_eq!(body["timestamp"], 4);
+    assert_eq!(body["hasMore"], false);
+    // GET pull: spec by default, synkronus for 1.0.
+    let (_, body) = app
+        .call(Method::GET, "/sync/pull?client_id=x&since=3&schema_types=ft,other", Some(&admin), None)
+        .await;
+    assert_eq!(body["records"][0]["id"], "c-1");
+    let res = app
+        .client
+        .get(app.url("/sync/pull?client_id=x&since=3"))
+        .bearer_auth(&admin)
+        .header("x-api-version", "1.0.0")
+        .send()
+        .await
+        .expect("get pull");
+    assert_eq!(res.headers().get("x-api-version-used").and_then(|v| v.to_str().ok()), Some("1.0.0"));
+    let body: Value = res.json().await.expect("json");
+    assert_eq!(body["records"][0]["observation_id"], "c-1");
+    assert_eq!(body["current_version"], 4);
+}
+
+#[actix_web::test]
+async fn filters_limits_conflicts_and_cursor_beyond_head() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let records: Vec<Value> = (0..6)
+        .map(|i| {
+            json!({"observation_id": format!("r{i}"), "form_type": if i % 2 == 0 { "even" } else { "odd" },
+                        "data": {"i": i}})
+        })
+        .collect();
+    let (status, _) =
+        push(&app, &admin, json!({"transmission_id": "t", "client_id": "c", "records": records})).await;
+    assert_eq!(status, StatusCode::OK);
+    // Type filter from body and query merged.
+    let (_, body) = app
+        .call(
+            Method::POST,
+            "/sync/pull?schemaType=odd",
+            Some(&admin),
+            Some(json!({"client_id": "x", "schema_types": ["even"]})),
+        )
+        .await;
+    assert_eq!(body["records"].as_array().map(Vec::len), Some(6));
+    let (_, body) = app
+        .call(
+            Method::POST,
+            "/sync/pull",
+            Some(&admin),
+            Some(json!({"client_id": "x", "schema_types": ["odd"], "limit": 2})),
+        )
+        .await;
+    let ids: Vec<&str> =
+        body["records"].as_array().expect("r").iter().filter_map(|r| r["observation_id"].as_str()).collect();
+    assert_eq!(ids, vec!["r1", "r3"]);
+    assert_eq!(body["has_more"], true);
+    // limit <= 0 means the default; a huge one is clamped.
+    for limit in [0, -5, 100000] {
+        let (status, body) = app
+            .call(
+                Method::POST,
+                &format!("/sync/pull?limit={limit}"),
+                Some(&admin),
+                Some(json!({"client_id": "x"})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["records"].as_array().map(Vec::len), Some(6));
+    }
+    // P6: a cursor above S gives an empty page at S.
+    let (_, body) = app
+        .call(
+            Method::POST,
+            "/sync/pull",
+            Some(&admin),
+            Some(json!({"client_id": "x", "since": {"version": 999}})),
+        )
+        .await;
+    assert_eq!(body["records"], json!([]));
+    assert_eq!(body["change_cutoff"], 6);
+    assert_eq!(body["current_version"], 6);
+    // A stale base version still wins, with a warning.
+    let (status, body) = push(
+        &app,
+        &admin,
+        json!({"transmission_id": "t2", "client_id": "c", "records": [
+        {"observation_id": "r1", "form_type": "odd", "data": {"i": 100}, "version": 1},
+        {"observation_id": "r3", "form_type": "", "data": {"i": 300}, "version": 4}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let warnings = body["warnings"].as_array().expect("warnings");
+    assert_eq!(warnings.len(), 2, "{body}");
+    assert_eq!(warnings[0]["code"], "CONFLICT_OVERWRITTEN");
+    assert_eq!(warnings[0]["base_version"], 1);
+    assert_eq!(warnings[0]["server_version"], 2);
+    assert_eq!(warnings[1]["code"], "MISSING_FORM_TYPE");
+    let (_, hist) = app.call(Method::GET, "/observations/r1/history", Some(&admin), None).await;
+    assert_eq!(hist["revisions"][0]["conflict"], true);
+    assert_eq!(hist["revisions"][0]["data"]["i"], 100);
+}
+
+#[actix_web::test]
+async fn observations_listing_ownership_and_pagination() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let writer = app.user_token(&admin, "enum1", "read-write").await;
+    let recs: Vec<Value> =
+        (0..5).map(|i| json!({"observation_id": format!("w{i}"), "form_type": "f", "data": {}})).collect();
+    push(&app, &writer, json!({"transmission_id": "a", "client_id": "c", "records": recs})).await;
+    push(
+        &app,
+        &admin,
+        json!({"transmission_id": "b", "client_id": "c", "records": [
+        {"observation_id": "a0", "form_type": "f", "data": {}},
+        {"observation_id": "w0", "form_type": "f", "deleted": true}]}),
+    )
+    .await;
+    let (_, body) = app.call(Method::GET, "/observations?limit=2", Some(&writer), None).await;
+    assert_eq!(body["observations"].as_array().map(Vec::len), Some(2));
+    assert_eq!(body["observations"][0]["observation_id"], "w1", "w0 is deleted: hidden by default");
+    assert_eq!(body["observations"][0]["created_by"], "enum1");
+    assert_eq!(body["has_more"], true);
+    let token = body["next_page_token"].as_str().expect("token").to_string();
+    let (_, body) =
+        app.call(Method::GET, &format!("/observations?page_token={token}"), Some(&writer), None).await;
+    assert_eq!(body["observations"].as_array().map(Vec::len), Some(2));
+    assert_eq!(body["has_more"], false);
+    let (_, body) = app.call(Method::GET, "/observations?include_deleted=true", Some(&writer), None).await;
+    assert_eq!(body["observations"].as_array().map(Vec::len), Some(5), "w0 is still owned by enum1");
+    let (status, err) = app.call(Method::GET, "/observations?all=true", Some(&writer), None).await;
+    assert_error(status, &err, 403, "FORBIDDEN");
+    let (_, body) = app.call(Method::GET, "/observations?all=true", Some(&admin), None).await;
+    assert_eq!(body["observations"].as_array().map(Vec::len), Some(5));
+    let (_, body) =
+        app.call(Method::GET, "/observations?user=enum1&include_deleted=true", Some(&admin), None).await;
+    assert_eq!(body["observations"].as_array().map(Vec::len), Some(5));
+    let (status, body) = app.call(Method::GET, "/observations/w0", Some(&writer), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["deleted"], true);
+    assert_eq!(body["data"], json!({}), "a deletion without data keeps the previous data");
+    let (status, err) = app.call(Method::GET, "/observations/nope/history", Some(&writer), None).await;
+    assert_error(status, &err, 404, "NOT_FOUND");
+    let (status, _) = app.call(Method::GET, "/observations/a%2Fb", Some(&writer), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[actix_web::test]
+async fn concurrent_duplicates_apply_once() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let body = fixture("test_observations.json");
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let client = app.client.clone();
+        let url = app.url("/sync/push");
+        let token = admin.clone();
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            let res = client.post(url).bearer_auth(token).json(&body).send().await.expect("push");
+            let replay = res.headers().contains_key("x-idempotent-replay");
+            (res.status(), replay, res.json::<Value>().await.expect("json"))
+        }));
+    }
+    let mut bodies = Vec::new();
+    let mut applied = 0;
+    for t in tasks {
+        let (status, replay, body) = t.await.expect("task");
+        assert_eq!(status, StatusCode::OK);
+        if !replay {
+            applied += 1;
+        }
+        bodies.push(body);
+    }
+    assert_eq!(applied, 1, "exactly one duplicate is applied");
+    assert!(bodies.iter().all(|b| *b == bodies[0]), "identical responses");
+    let (_, status_body) = app.call(Method::GET, "/status", Some(&admin), None).await;
+    assert_eq!(status_body["current_change_id"], 10, "one change per record");
+}
+
+/// G1: many pushers and pullers at once; every puller ends with every record, change_ids strictly
+/// increasing, on one server or on two server processes sharing the database.
+async fn no_skip_under_concurrency(two_servers: bool) {
+    let app = TestApp::spawn().await;
+    let second = if two_servers { Some(TestApp::spawn_on(app.db_conn.clone(), &[]).await) } else { None };
+    let admin = app.admin_token().await;
+    let bases: Vec<String> =
+        std::iter::once(app.base.clone()).chain(second.iter().map(|s| s.base.clone())).collect();
+    const PUSHERS: usize = 32;
+    const PUSHES_EACH: usize = 5;
+    const RECORDS_EACH: usize = 4;
+
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut pullers = Vec::new();
+    for p in 0..4 {
+        let client = app.client.clone();
+        let base = bases[p % bases.len()].clone();
+        let token = admin.clone();
+        let done = done.clone();
+        pullers.push(tokio::spawn(async move {
+            let mut cursor = 0i64;
+            let mut seen: BTreeMap<String, i64> = BTreeMap::new();
+            let limit = [1, 7, 50, 500][p];
+            loop {
+                let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+                loop {
+                    let body: Value = client
+                        .post(format!("{base}/sync/pull?limit={limit}"))
+                        .bearer_auth(&token)
+                        .json(&json!({"client_id": format!("puller-{p}"), "since": {"version": cursor}}))
+                        .send()
+                        .await
+                        .expect("pull")
+                        .json()
+                        .await
+                        .expect("json");
+                    let mut last = cursor;
+                    for r in body["records"].as_array().expect("records") {
+                        let v = r["version"].as_i64().expect("version");
+                        assert!(v > last, "strictly increasing");
+                        last = v;
+                        seen.insert(r["observation_id"].as_str().expect("id").to_string(), v);
+                    }
+                    if body["has_more"] == true {
+                        cursor = body["change_cutoff"].as_i64().expect("cutoff");
+                    } else {
+                        cursor = body["current_version"].as_i64().expect("current");
+                        break;
+                    }
+                }
+                if finished {
+                    return (seen, cursor);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    let mut pushers = Vec::new();
+    for d in 0..PUSHERS {
+        let client = app.client.clone();
+        let base = bases[d % bases.len()].clone();
+        let token = admin.clone();
+        pushers.push(tokio::spawn(async move {
+            for n in 0..PUSHES_EACH {
+                let records: Vec<Value> = (0..RECORDS_EACH)
+                    .map(|k| json!({"observation_id": format!("d{d}-{n}-{k}"), "form_type": "f", "data": {"d": d}}))
+                    .collect();
+                let res = client
+                    .post(format!("{base}/sync/push"))
+                    .bearer_auth(&token)
+                    .json(&json!({"transmission_id": format!("{d}-{n}"), "client_id": format!("dev-{d}"), "records": records}))
+                    .send()
+                    .await
+                    .expect("push");
+                assert_eq!(res.status(), StatusCode::OK);
+            }
+        }));
+    }
+    for p in pushers {
+        p.await.expect("pusher");
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let expected: HashSet<String> = (0..PUSHERS)
+        .flat_map(|d| {
+            (0..PUSHES_EACH).flat_map(move |n| (0..RECORDS_EACH).map(move |k| format!("d{d}-{n}-{k}")))
+        })
+        .collect();
+    for p in pullers {
+        let (seen, cursor) = p.await.expect("puller");
+        let got: HashSet<String> = seen.keys().cloned().collect();
+        assert_eq!(got, expected, "a puller missed changes");
+        assert_eq!(cursor, (PUSHERS * PUSHES_EACH * RECORDS_EACH) as i64);
+        let mut ids: Vec<i64> = seen.values().copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), expected.len(), "change_ids are unique");
+    }
+}
+
+#[actix_web::test]
+async fn no_skipped_change_one_server() {
+    no_skip_under_concurrency(false).await;
+}
+
+#[actix_web::test]
+async fn no_skipped_change_two_servers_one_database() {
+    no_skip_under_concurrency(true).await;
+}
