@@ -11,6 +11,7 @@ use deadpool_postgres::Pool;
 use serde_json::json;
 use tokio::sync::oneshot;
 
+use crate::db::attachments::{self, AttachmentRow, NewAttachment};
 use crate::db::records::{self, CurrentState, RevisionBatch, CHANGELOG_LOCK};
 use crate::domain::sync::{IncomingRecord, PushResult, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode};
@@ -46,9 +47,30 @@ struct Pending {
     reply: oneshot::Sender<ApiResult<PushOutcome>>,
 }
 
+/// Records a new attachment with the next change_id, so attachment manifests share the records'
+/// no-skip guarantee. The file must already be stored under its content hash.
+pub struct CommitAttachment(pub NewAttachment);
+
+impl Message for CommitAttachment {
+    type Result = ApiResult<AttachmentCommit>;
+}
+
+#[derive(Debug, Clone)]
+pub struct AttachmentCommit {
+    pub row: AttachmentRow,
+    /// False when the same bytes were already stored under this id (an idempotent retry).
+    pub created: bool,
+}
+
+/// Anything waiting for the change log: pushes are committed in groups, attachments one by one.
+enum Waiting {
+    Push(Pending),
+    Attachment(CommitAttachment, oneshot::Sender<ApiResult<AttachmentCommit>>),
+}
+
 pub struct ChangeLog {
     pool: Pool,
-    pending: VecDeque<Pending>,
+    pending: VecDeque<Waiting>,
     committing: bool,
 }
 
@@ -57,14 +79,28 @@ impl ChangeLog {
         ChangeLog { pool, pending: VecDeque::new(), committing: false }
     }
 
-    /// Starts a group commit of what is waiting, unless one is already running.
+    /// Starts the next commit unless one is running: a group of waiting pushes, or one attachment.
     fn commit_next(&mut self, ctx: &mut Context<Self>) {
         if self.committing || self.pending.is_empty() {
             return;
         }
+        self.committing = true;
+        let pool = self.pool.clone();
+        if let Some(Waiting::Attachment(msg, reply)) =
+            self.pending.pop_front_if(|w| matches!(w, Waiting::Attachment(..)))
+        {
+            let work = async move {
+                let _ = reply.send(commit_attachment(&pool, msg.0).await);
+            };
+            ctx.spawn(actix::fut::wrap_future::<_, Self>(work).map(|_, act, ctx| {
+                act.committing = false;
+                act.commit_next(ctx);
+            }));
+            return;
+        }
         let mut batch = Vec::new();
         let mut records = 0;
-        while let Some(next) = self.pending.front() {
+        while let Some(Waiting::Push(next)) = self.pending.front() {
             let n = next.push.records.len();
             if !batch.is_empty()
                 && (batch.len() >= MAX_PUSHES_PER_COMMIT || records + n > MAX_RECORDS_PER_COMMIT)
@@ -72,12 +108,10 @@ impl ChangeLog {
                 break;
             }
             records += n;
-            if let Some(p) = self.pending.pop_front() {
+            if let Some(Waiting::Push(p)) = self.pending.pop_front() {
                 batch.push(p);
             }
         }
-        self.committing = true;
-        let pool = self.pool.clone();
         ctx.spawn(actix::fut::wrap_future::<_, Self>(commit_and_reply(pool, batch)).map(|_, act, ctx| {
             act.committing = false;
             act.commit_next(ctx);
@@ -99,12 +133,43 @@ impl Handler<Push> for ChangeLog {
 
     fn handle(&mut self, push: Push, ctx: &mut Self::Context) -> Self::Result {
         let (reply, answer) = oneshot::channel();
-        self.pending.push_back(Pending { push, reply });
+        self.pending.push_back(Waiting::Push(Pending { push, reply }));
         self.commit_next(ctx);
         Box::pin(async move {
             answer.await.unwrap_or_else(|_| Err(ApiError::internal("change log dropped a push")))
         })
     }
+}
+
+impl Handler<CommitAttachment> for ChangeLog {
+    type Result = ResponseFuture<ApiResult<AttachmentCommit>>;
+
+    fn handle(&mut self, msg: CommitAttachment, ctx: &mut Self::Context) -> Self::Result {
+        let (reply, answer) = oneshot::channel();
+        self.pending.push_back(Waiting::Attachment(msg, reply));
+        self.commit_next(ctx);
+        Box::pin(async move {
+            answer.await.unwrap_or_else(|_| Err(ApiError::internal("change log dropped an attachment")))
+        })
+    }
+}
+
+/// Inserts the attachment row with the next change_id, or reports what is already stored.
+async fn commit_attachment(pool: &Pool, new: NewAttachment) -> ApiResult<AttachmentCommit> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    if let Some(existing) = attachments::find(&tx, &new.id).await? {
+        if existing.sha256 == new.sha256 {
+            return Ok(AttachmentCommit { row: existing, created: false });
+        }
+        return Err(ApiError::of(ErrorCode::AttachmentExists));
+    }
+    let change_id = records::head(&tx).await? + 1;
+    let row = attachments::insert(&tx, &new, change_id).await?;
+    records::set_head(&tx, change_id).await?;
+    tx.commit().await?;
+    Ok(AttachmentCommit { row, created: true })
 }
 
 /// Commits a batch; if the batch as a whole fails for a reason other than the database being

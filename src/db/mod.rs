@@ -1,5 +1,6 @@
 //! Database access: the pool, migrations, and one module of SQL per table family.
 
+pub mod attachments;
 pub mod embedded;
 pub mod records;
 pub mod status;

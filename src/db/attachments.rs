@@ -1,0 +1,91 @@
+//! SQL for attachment metadata.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+
+use crate::error::ApiResult;
+
+#[derive(Debug, Clone)]
+pub struct AttachmentRow {
+    pub id: String,
+    pub sha256: String,
+    pub size: i64,
+    pub content_type: String,
+    pub uploaded_by: String,
+    pub client_id: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub change_id: i64,
+}
+
+const COLUMNS: &str = "id, sha256, size, content_type, uploaded_by, client_id, created_at, change_id";
+
+fn from_row(r: &Row) -> AttachmentRow {
+    AttachmentRow {
+        id: r.get(0),
+        sha256: r.get(1),
+        size: r.get(2),
+        content_type: r.get(3),
+        uploaded_by: r.get(4),
+        client_id: r.get(5),
+        created_at: r.get(6),
+        change_id: r.get(7),
+    }
+}
+
+pub async fn find(db: &impl GenericClient, id: &str) -> ApiResult<Option<AttachmentRow>> {
+    let sql = format!("SELECT {COLUMNS} FROM attachments WHERE id = $1");
+    Ok(db.query_opt(&sql, &[&id]).await?.map(|r| from_row(&r)))
+}
+
+/// What an upload wants recorded.
+#[derive(Debug, Clone)]
+pub struct NewAttachment {
+    pub id: String,
+    pub sha256: String,
+    pub size: i64,
+    pub content_type: String,
+    pub uploaded_by: String,
+    pub client_id: Option<String>,
+}
+
+pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) -> ApiResult<AttachmentRow> {
+    let sql = format!(
+        "INSERT INTO attachments (id, sha256, size, content_type, uploaded_by, client_id, change_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {COLUMNS}"
+    );
+    let row = db
+        .query_one(
+            &sql,
+            &[&a.id, &a.sha256, &a.size, &a.content_type, &a.uploaded_by, &a.client_id, &change_id],
+        )
+        .await?;
+    Ok(from_row(&row))
+}
+
+/// Attachments recorded after a cursor, up to the snapshot head, with that head (one statement).
+pub async fn changes_after(db: &impl GenericClient, after: i64) -> ApiResult<(i64, Vec<AttachmentRow>)> {
+    let sql = format!(
+        "WITH h AS (SELECT head FROM change_head)
+         SELECT h.head, a.* FROM h LEFT JOIN LATERAL (
+             SELECT {COLUMNS} FROM attachments WHERE change_id > $1 AND change_id <= h.head ORDER BY change_id
+         ) a ON true"
+    );
+    let rows = db.query(&sql, &[&after]).await?;
+    let head: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
+    let items = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<String>>(1).is_some())
+        .map(|r| AttachmentRow {
+            id: r.get(1),
+            sha256: r.get(2),
+            size: r.get(3),
+            content_type: r.get(4),
+            uploaded_by: r.get(5),
+            client_id: r.get(6),
+            created_at: r.get(7),
+            change_id: r.get(8),
+        })
+        .collect();
+    Ok((head, items))
+}
