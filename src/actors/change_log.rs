@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
-use crate::db::records::{self, CurrentState, RevisionBatch, CHANGELOG_LOCK};
+use crate::db::records::{self, CurrentState, Head, RevisionBatch, CHANGELOG_LOCK};
 use crate::domain::sync::{IncomingRecord, PushResult, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
@@ -29,6 +29,8 @@ pub struct Push {
     /// Warnings found before the commit (decoding, schema checks), by record index.
     pub warnings: Vec<(usize, Warning)>,
     pub pushed_by: String,
+    /// The repository generation the client holds, when it sent one (API.md 17.2).
+    pub expected_generation: Option<i64>,
 }
 
 impl Message for Push {
@@ -62,10 +64,28 @@ pub struct AttachmentCommit {
     pub created: bool,
 }
 
-/// Anything waiting for the change log: pushes are committed in groups, attachments one by one.
+/// Empties the repository and raises its generation (API.md 17.3), ordered with every commit.
+pub struct ResetRepository;
+
+impl Message for ResetRepository {
+    type Result = ApiResult<Head>;
+}
+
+/// Anything waiting for the change log: pushes are committed in groups, the rest one by one.
 enum Waiting {
     Push(Pending),
     Attachment(CommitAttachment, oneshot::Sender<ApiResult<AttachmentCommit>>),
+    Reset(oneshot::Sender<ApiResult<Head>>),
+}
+
+/// The 409 a client gets when its generation is not the server's.
+pub fn reset_required(server_generation: i64) -> ApiError {
+    ApiError::of(ErrorCode::RepositoryResetRequired)
+        .with_header(
+            actix_web::http::header::HeaderName::from_static("x-repository-generation"),
+            server_generation.to_string(),
+        )
+        .with_extra("repository_generation", server_generation)
 }
 
 pub struct ChangeLog {
@@ -86,11 +106,17 @@ impl ChangeLog {
         }
         self.committing = true;
         let pool = self.pool.clone();
-        if let Some(Waiting::Attachment(msg, reply)) =
-            self.pending.pop_front_if(|w| matches!(w, Waiting::Attachment(..)))
-        {
+        if let Some(waiting) = self.pending.pop_front_if(|w| !matches!(w, Waiting::Push(..))) {
             let work = async move {
-                let _ = reply.send(commit_attachment(&pool, msg.0).await);
+                match waiting {
+                    Waiting::Attachment(msg, reply) => {
+                        let _ = reply.send(commit_attachment(&pool, msg.0).await);
+                    }
+                    Waiting::Reset(reply) => {
+                        let _ = reply.send(reset(&pool).await);
+                    }
+                    Waiting::Push(p) => commit_and_reply(pool, vec![p]).await,
+                }
             };
             ctx.spawn(actix::fut::wrap_future::<_, Self>(work).map(|_, act, ctx| {
                 act.committing = false;
@@ -154,6 +180,28 @@ impl Handler<CommitAttachment> for ChangeLog {
     }
 }
 
+impl Handler<ResetRepository> for ChangeLog {
+    type Result = ResponseFuture<ApiResult<Head>>;
+
+    fn handle(&mut self, _: ResetRepository, ctx: &mut Self::Context) -> Self::Result {
+        let (reply, answer) = oneshot::channel();
+        self.pending.push_back(Waiting::Reset(reply));
+        self.commit_next(ctx);
+        Box::pin(async move {
+            answer.await.unwrap_or_else(|_| Err(ApiError::internal("change log dropped a reset")))
+        })
+    }
+}
+
+async fn reset(pool: &Pool) -> ApiResult<Head> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    let head = records::reset_repository(&tx).await?;
+    tx.commit().await?;
+    Ok(head)
+}
+
 /// Inserts the attachment row with the next change_id, or reports what is already stored.
 async fn commit_attachment(pool: &Pool, new: NewAttachment) -> ApiResult<AttachmentCommit> {
     let mut client = pool.get().await?;
@@ -215,6 +263,8 @@ enum Decision {
     /// A duplicate of an earlier push in the same batch: it replays that push's result.
     SameAs(usize),
     Mismatch,
+    /// The client holds another repository generation: nothing is stored.
+    ResetRequired,
 }
 
 /// One transaction for the whole batch. The outer error fails the batch; inner errors are per push.
@@ -222,9 +272,9 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
-    let head = records::head(&tx).await?;
+    let Head { change_id: head, repository_generation } = records::head_and_generation(&tx).await?;
 
-    let decisions = decide(&tx, pushes).await?;
+    let decisions = decide(&tx, pushes, repository_generation).await?;
 
     let mut ids: Vec<String> = Vec::new();
     let mut need_data: Vec<String> = Vec::new();
@@ -295,8 +345,12 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
             items.push((rec.id.clone(), next));
         }
         warnings.sort_by_key(|(index, _)| *index);
-        results[i] =
-            Some(PushResult { head: 0, items, warnings: warnings.into_iter().map(|(_, w)| w).collect() });
+        results[i] = Some(PushResult {
+            head: 0,
+            repository_generation,
+            items,
+            warnings: warnings.into_iter().map(|(_, w)| w).collect(),
+        });
     }
     for result in results.iter_mut().flatten() {
         result.head = next;
@@ -335,13 +389,18 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
                 .ok_or_else(|| ApiError::internal("missing push result")),
             Decision::Replay(result) => Ok(PushOutcome { result, replayed: true }),
             Decision::Mismatch => Err(ApiError::of(ErrorCode::TransmissionMismatch)),
+            Decision::ResetRequired => Err(reset_required(repository_generation)),
         })
         .collect())
 }
 
 /// Replays, mismatches and in-batch duplicates, decided after the lock so that concurrent
 /// duplicates (in this batch, a later batch or another process) see each other's results.
-async fn decide(tx: &deadpool_postgres::Transaction<'_>, pushes: &[&Push]) -> ApiResult<Vec<Decision>> {
+async fn decide(
+    tx: &deadpool_postgres::Transaction<'_>,
+    pushes: &[&Push],
+    repository_generation: i64,
+) -> ApiResult<Vec<Decision>> {
     let keyed: Vec<(String, String)> = pushes
         .iter()
         .filter_map(|p| p.transmission_id.as_ref().map(|t| (p.client_id.clone(), t.clone())))
@@ -356,6 +415,10 @@ async fn decide(tx: &deadpool_postgres::Transaction<'_>, pushes: &[&Push]) -> Ap
     let mut first_in_batch: HashMap<(String, String), usize> = HashMap::new();
     let mut decisions = Vec::with_capacity(pushes.len());
     for (i, push) in pushes.iter().enumerate() {
+        if push.expected_generation.is_some_and(|g| g != repository_generation) {
+            decisions.push(Decision::ResetRequired);
+            continue;
+        }
         let Some(tid) = &push.transmission_id else {
             decisions.push(Decision::Apply);
             continue;

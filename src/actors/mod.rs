@@ -1,6 +1,7 @@
 //! Actors own the server's single-owner state; handlers talk to them with messages.
 
 pub mod change_log;
+pub mod presence;
 
 use std::time::Duration;
 
@@ -12,13 +13,15 @@ use crate::config::Config;
 #[derive(Clone)]
 pub struct Actors {
     pub change_log: Addr<change_log::ChangeLog>,
+    pub presence: Addr<presence::Presence>,
 }
 
 /// Starts every actor; called once by the app factory.
 pub async fn start(config: &Config, pool: &deadpool_postgres::Pool) -> anyhow::Result<Actors> {
     let change_log = change_log::ChangeLog::new(pool.clone()).start();
+    let presence = presence::Presence::new(pool.clone()).start();
     spawn_housekeeping(pool.clone(), config.transmission_retention_days);
-    Ok(Actors { change_log })
+    Ok(Actors { change_log, presence })
 }
 
 /// Hourly clean-up of what only ever grows: old transmission results and expired tokens.

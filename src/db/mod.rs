@@ -2,6 +2,7 @@
 
 pub mod attachments;
 pub mod embedded;
+pub mod presence;
 pub mod records;
 pub mod status;
 pub mod tls;

@@ -35,17 +35,17 @@ fn record_from_row(row: &Row, offset: usize) -> StoredRecord {
     }
 }
 
-/// One pull page: the snapshot head S and up to `limit + 1` records with `after < change_id <= S`,
-/// read by one statement so both come from the same snapshot (API.md 8.2).
+/// One pull page: the snapshot head S, the repository generation, and up to `limit + 1` records
+/// with `after < change_id <= S`, read by one statement so all come from one snapshot (API.md 8.2).
 pub async fn pull_page(
     db: &impl GenericClient,
     after: i64,
     types: &[String],
     limit: i64,
-) -> ApiResult<(i64, Vec<StoredRecord>)> {
+) -> ApiResult<(Head, Vec<StoredRecord>)> {
     let sql = format!(
-        "WITH h AS (SELECT head FROM change_head)
-         SELECT h.head, r.* FROM h LEFT JOIN LATERAL (
+        "WITH h AS (SELECT head, repository_generation FROM change_head)
+         SELECT h.head, h.repository_generation, r.* FROM h LEFT JOIN LATERAL (
              SELECT {RECORD_COLUMNS} FROM records
              WHERE change_id > $1 AND change_id <= h.head
                AND (cardinality($2::text[]) = 0 OR form_type = ANY($2))
@@ -53,17 +53,50 @@ pub async fn pull_page(
          ) r ON true"
     );
     let rows = db.query(&sql, &[&after, &types, &(limit + 1)]).await?;
-    let head: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
+    let head = rows
+        .first()
+        .map(|r| Head { change_id: r.get(0), repository_generation: r.get(1) })
+        .unwrap_or(Head { change_id: 0, repository_generation: 1 });
     let records = rows
         .iter()
-        .filter(|r| r.get::<_, Option<String>>(1).is_some())
-        .map(|r| record_from_row(r, 1))
+        .filter(|r| r.get::<_, Option<String>>(2).is_some())
+        .map(|r| record_from_row(r, 2))
         .collect();
     Ok((head, records))
 }
 
+/// The change-log head and the repository generation, read together.
+#[derive(Debug, Clone, Copy)]
+pub struct Head {
+    pub change_id: i64,
+    pub repository_generation: i64,
+}
+
 pub async fn head(db: &impl GenericClient) -> ApiResult<i64> {
     Ok(db.query_one("SELECT head FROM change_head", &[]).await?.get(0))
+}
+
+pub async fn head_and_generation(db: &impl GenericClient) -> ApiResult<Head> {
+    let row = db.query_one("SELECT head, repository_generation FROM change_head", &[]).await?;
+    Ok(Head { change_id: row.get(0), repository_generation: row.get(1) })
+}
+
+/// Empties the repository in the caller's transaction (API.md 17.3): observations, their history,
+/// transmission results and attachment records go; the change sequence continues; the generation
+/// rises. Returns the new head state.
+pub async fn reset_repository(db: &impl GenericClient) -> ApiResult<Head> {
+    db.batch_execute(
+        "DELETE FROM record_revisions; DELETE FROM records; DELETE FROM transmissions; DELETE FROM attachments;",
+    )
+    .await?;
+    let row = db
+        .query_one(
+            "UPDATE change_head SET repository_generation = repository_generation + 1
+             RETURNING head, repository_generation",
+            &[],
+        )
+        .await?;
+    Ok(Head { change_id: row.get(0), repository_generation: row.get(1) })
 }
 
 /// What the commit needs to know about a record that already exists.

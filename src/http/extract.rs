@@ -34,9 +34,53 @@ impl FromRequest for Auth {
             let header = req.headers().get("authorization").and_then(|v| v.to_str().ok());
             let token = bearer_token(header).ok_or_else(|| ApiError::of(ErrorCode::MissingToken))?;
             let user = state.auth.verify(token, &state.pool).await?;
+            record_sighting(&req, state, &user.username);
             Ok(Auth(user))
         })
     }
+}
+
+/// The device's client id from `x-ode-client-id`, if sent.
+pub fn header_client_id(req: &HttpRequest) -> Option<String> {
+    req.headers()
+        .get("x-ode-client-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && s.len() <= 255)
+        .map(str::to_string)
+}
+
+/// The client's version hint for presence: `x-ode-version`, else `x-formulus-version`.
+pub fn client_version_hint(req: &HttpRequest) -> Option<String> {
+    ["x-ode-version", "x-formulus-version"]
+        .iter()
+        .find_map(|h| req.headers().get(*h).and_then(|v| v.to_str().ok()))
+        .map(|v| v.trim().chars().take(64).collect())
+}
+
+/// Every authenticated request is a sighting of its device (API.md 17.4). Sync routes name the
+/// device in their body, so without the header they report it themselves, with the cursor.
+fn record_sighting(req: &HttpRequest, state: &AppState, username: &str) {
+    let client_id = match header_client_id(req) {
+        Some(id) => id,
+        None if carries_body_client_id(req) => return,
+        None => String::new(),
+    };
+    let _ = state.actors.presence.try_send(crate::actors::presence::Seen {
+        username: username.to_string(),
+        client_id,
+        client_version: client_version_hint(req),
+        data_version: None,
+        app_bundle_version: None,
+    });
+}
+
+fn carries_body_client_id(req: &HttpRequest) -> bool {
+    let path = req.path();
+    req.method() == actix_web::http::Method::POST
+        && (path.ends_with("/sync/pull")
+            || path.ends_with("/sync/push")
+            || path.ends_with("/attachments/manifest"))
 }
 
 /// A JSON request body, parsed whatever the Content-Type says (API.md 1.3). An empty body is

@@ -5,7 +5,7 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::Value;
 
-use crate::actors::change_log::Push;
+use crate::actors::change_log::{reset_required, Push};
 use crate::db::records;
 use crate::domain::api_version::ApiVersion;
 use crate::domain::role::Role;
@@ -17,16 +17,39 @@ use crate::http::extract::{api_version, state, Auth, JsonBody};
 use crate::state::AppState;
 
 static X_IDEMPOTENT_REPLAY: HeaderName = HeaderName::from_static("x-idempotent-replay");
+pub static X_REPOSITORY_GENERATION: HeaderName = HeaderName::from_static("x-repository-generation");
+
+/// The repository generation a client holds (API.md 17.2): the header, or when it is absent the
+/// body field. A header that is present but not an integer >= 1 counts as not sent.
+pub fn client_generation(req: &HttpRequest, body: &Value) -> Option<i64> {
+    match req.headers().get(&X_REPOSITORY_GENERATION) {
+        Some(h) => h.to_str().ok().and_then(|v| v.trim().parse::<i64>().ok()).filter(|g| *g >= 1),
+        None => body.get("repository_generation").and_then(Value::as_i64).filter(|g| *g >= 1),
+    }
+}
+
+/// Reports a sync event (with the device's cursor) to the Presence actor; never blocks.
+pub fn report_sync(req: &HttpRequest, st: &AppState, username: &str, body_client_id: &str, cursor: i64) {
+    let client_id = crate::http::extract::header_client_id(req).unwrap_or_else(|| body_client_id.to_string());
+    let _ = st.actors.presence.try_send(crate::actors::presence::Seen {
+        username: username.to_string(),
+        client_id,
+        client_version: crate::http::extract::client_version_hint(req),
+        data_version: Some(cursor),
+        app_bundle_version: None,
+    });
+}
 
 /// The query string as ordered pairs (repeated keys kept).
 pub fn query_pairs(req: &HttpRequest) -> Vec<(String, String)> {
     form_urlencoded::parse(req.query_string().as_bytes()).into_owned().collect()
 }
 
-fn dialect_response(dialect: Dialect, body: &Value) -> HttpResponse {
+fn dialect_response(dialect: Dialect, body: &Value, generation: i64) -> HttpResponse {
     let mut res = HttpResponse::Ok().json(body);
-    res.headers_mut()
-        .insert(X_API_VERSION_USED.clone(), HeaderValue::from_static(dialect.api_version_used()));
+    let headers = res.headers_mut();
+    headers.insert(X_API_VERSION_USED.clone(), HeaderValue::from_static(dialect.api_version_used()));
+    headers.insert(X_REPOSITORY_GENERATION.clone(), HeaderValue::from(generation));
     res
 }
 
@@ -36,6 +59,7 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
     let request = decode_push(&body)?;
     let fingerprint = request.fingerprint();
     let dialect = request.dialect;
+    let client_id = request.client_id.clone();
     let outcome = st
         .actors
         .change_log
@@ -45,23 +69,48 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
             fingerprint,
             records: request.records,
             warnings: request.warnings,
-            pushed_by: caller.username,
+            pushed_by: caller.username.clone(),
+            expected_generation: client_generation(&req, &body),
         })
         .await
         .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))??;
-    let mut res = dialect_response(dialect, &encode::push_response(dialect, &outcome.result));
+    report_sync(&req, st, &caller.username, &client_id, outcome.result.head);
+    let result = &outcome.result;
+    let mut res =
+        dialect_response(dialect, &encode::push_response(dialect, result), result.repository_generation);
     if outcome.replayed {
         res.headers_mut().insert(X_IDEMPOTENT_REPLAY.clone(), HeaderValue::from_static("true"));
     }
     Ok(res)
 }
 
-async fn pull_page(st: &AppState, pull: &PullRequest) -> ApiResult<PullPage> {
+/// Reads one page; a client holding another repository generation gets 409 instead.
+async fn pull_page(st: &AppState, pull: &PullRequest, client_generation: Option<i64>) -> ApiResult<PullPage> {
     let db = st.pool.get().await?;
     let (head, mut found) = records::pull_page(&db, pull.after, &pull.types, pull.limit).await?;
+    if client_generation.is_some_and(|g| g != head.repository_generation) {
+        return Err(reset_required(head.repository_generation));
+    }
     let has_more = found.len() as i64 > pull.limit;
     found.truncate(pull.limit as usize);
-    Ok(PullPage { records: found, head, has_more, types: pull.types.clone() })
+    Ok(PullPage {
+        records: found,
+        head: head.change_id,
+        repository_generation: head.repository_generation,
+        has_more,
+        types: pull.types.clone(),
+    })
+}
+
+fn pull_response(
+    req: &HttpRequest,
+    st: &AppState,
+    username: &str,
+    pull: &PullRequest,
+    page: &PullPage,
+) -> HttpResponse {
+    report_sync(req, st, username, &pull.client_id, pull.after);
+    dialect_response(pull.dialect, &encode::pull_response(pull.dialect, page), page.repository_generation)
 }
 
 pub async fn pull(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody) -> ApiResult<HttpResponse> {
@@ -75,8 +124,8 @@ pub async fn pull(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
         schema_types: pairs.iter().filter(|(k, _)| k == "schemaType").map(|(_, v)| v.clone()).collect(),
     };
     let pull = decode_pull(&body, &query)?;
-    let page = pull_page(st, &pull).await?;
-    Ok(dialect_response(pull.dialect, &encode::pull_response(pull.dialect, &page)))
+    let page = pull_page(st, &pull, client_generation(&req, &body)).await?;
+    Ok(pull_response(&req, st, &caller.username, &pull, &page))
 }
 
 /// `GET /sync/pull`: the spec shape unless `x-api-version: 1.0.x` asks for the synkronus one.
@@ -88,8 +137,8 @@ pub async fn pull_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
         ApiVersion::V1_1 => Dialect::Spec,
     };
     let pull = decode_pull_query(&query_pairs(&req), dialect)?;
-    let page = pull_page(st, &pull).await?;
-    Ok(dialect_response(dialect, &encode::pull_response(dialect, &page)))
+    let page = pull_page(st, &pull, client_generation(&req, &Value::Null)).await?;
+    Ok(pull_response(&req, st, &caller.username, &pull, &page))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

@@ -65,6 +65,12 @@ pub fn next_page_token(page: &PullPage) -> String {
 }
 
 pub fn pull_response(dialect: Dialect, page: &PullPage) -> Value {
+    let mut body = pull_body(dialect, page);
+    body["repository_generation"] = page.repository_generation.into();
+    body
+}
+
+fn pull_body(dialect: Dialect, page: &PullPage) -> Value {
     let cutoff = page.change_cutoff();
     match dialect {
         Dialect::Synkronus => {
@@ -102,6 +108,12 @@ fn warning_json(w: &Warning) -> Value {
 }
 
 pub fn push_response(dialect: Dialect, result: &PushResult) -> Value {
+    let mut body = push_body(dialect, result);
+    body["repository_generation"] = result.repository_generation.into();
+    body
+}
+
+fn push_body(dialect: Dialect, result: &PushResult) -> Value {
     match dialect {
         Dialect::Synkronus => json!({
             "current_version": result.head,

@@ -143,9 +143,16 @@ impl Warning {
 pub struct PushResult {
     /// The highest committed change_id right after the commit that contained the push.
     pub head: i64,
+    /// The repository generation the push was committed in (API.md 17.2).
+    #[serde(default = "first_generation")]
+    pub repository_generation: i64,
     /// (record id, change_id) in request order.
     pub items: Vec<(String, i64)>,
     pub warnings: Vec<Warning>,
+}
+
+fn first_generation() -> i64 {
+    1
 }
 
 /// A decoded pull request.
@@ -182,6 +189,7 @@ pub struct PullPage {
     pub records: Vec<StoredRecord>,
     /// S: the snapshot head.
     pub head: i64,
+    pub repository_generation: i64,
     pub has_more: bool,
     pub types: Vec<String>,
 }

@@ -1,0 +1,101 @@
+//! Operator routes of the 2026 surface: repository reset and the device list (API.md 17.3, 17.4).
+
+use actix_web::http::header::HeaderValue;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::{json, Value};
+
+use crate::actors::change_log::ResetRepository;
+use crate::db::presence;
+use crate::domain::role::Role;
+use crate::domain::time;
+use crate::error::{ApiError, ApiResult};
+use crate::http::extract::{state, Auth, Fields, JsonBody};
+use crate::http::sync::{query_pairs, X_REPOSITORY_GENERATION};
+
+const RESET_CONFIRMATION: &str = "RESET_REPOSITORY";
+
+pub async fn reset_repository(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    JsonBody(body): JsonBody,
+) -> ApiResult<HttpResponse> {
+    caller.require(Role::Admin)?;
+    let st = state(&req)?;
+    let confirm = Fields::of(&body)?.opt_str(&["confirm"])?;
+    if confirm != Some(RESET_CONFIRMATION) {
+        return Err(ApiError::bad_request(format!(
+            "Send {{\"confirm\": \"{RESET_CONFIRMATION}\"}} to reset the repository"
+        ))
+        .with_path("/confirm"));
+    }
+    let head = st
+        .actors
+        .change_log
+        .send(ResetRepository)
+        .await
+        .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))??;
+    // Files go only after the commit: a failed reset must not lose attachments still referenced.
+    remove_attachment_files(&st.config.attachments_path).await;
+    tracing::warn!(admin = %caller.username, generation = head.repository_generation, head = head.change_id,
+        "repository reset: observations, history and attachments deleted");
+    let mut res = HttpResponse::Ok().json(json!({
+        "repository_generation": head.repository_generation,
+        "current_version": head.change_id,
+        "message": "Repository reset; devices must discard local data and sync again",
+    }));
+    res.headers_mut().insert(X_REPOSITORY_GENERATION.clone(), HeaderValue::from(head.repository_generation));
+    Ok(res)
+}
+
+/// Removes stored attachment content; the folder layout itself stays.
+async fn remove_attachment_files(root: &std::path::Path) {
+    let Ok(mut entries) = tokio::fs::read_dir(root).await else { return };
+    while let Ok(Some(entry)) = entries.next_entry().await {
+        let path = entry.path();
+        let result = match entry.file_type().await {
+            Ok(t) if t.is_dir() => tokio::fs::remove_dir_all(&path).await,
+            Ok(_) => tokio::fs::remove_file(&path).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, path = %path.display(), "could not remove attachment data after reset");
+        }
+    }
+}
+
+pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::Admin)?;
+    let st = state(&req)?;
+    let pairs = query_pairs(&req);
+    let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+    let username = get("username").filter(|u| !u.is_empty());
+    let stale_after = match get("stale_after").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(raw) => Some(raw.trim().parse::<i64>().ok().filter(|s| *s >= 0).ok_or_else(|| {
+            ApiError::bad_request("'stale_after' must be a number of seconds").with_path("?stale_after")
+        })?),
+    };
+    let db = st.pool.get().await?;
+    let (head, rows) = presence::list(&db, username, stale_after).await?;
+    let devices: Vec<Value> = rows
+        .iter()
+        .map(|d| {
+            json!({
+                "username": d.username,
+                "client_id": d.client_id,
+                "last_seen_at": time::format(d.last_seen_at),
+                "last_data_version": d.last_data_version,
+                "lag": d.last_data_version.map(|v| (head - v).max(0)),
+                "app_bundle_version": d.app_bundle_version,
+                "client_version": d.client_version,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(devices))
+}
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    use crate::http::routing::{get, resource};
+    cfg.service(resource("/admin/repository/reset", "POST").route(web::post().to(reset_repository)))
+        .service(resource("/devices", "GET, HEAD").route(get().to(devices)));
+}
