@@ -1,6 +1,8 @@
 //! Database access: the pool, migrations, and one module of SQL per table family.
 
+pub mod bundles;
 pub mod embedded;
+pub mod formspecs;
 pub mod status;
 pub mod tls;
 pub mod users;

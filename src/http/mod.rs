@@ -1,9 +1,11 @@
 //! The HTTP surface: one routes table, served at the root, under `/api` and under `/api/v1`.
 
 pub mod auth;
+pub mod bundles;
 pub mod context;
 pub mod cors;
 pub mod extract;
+pub mod formspecs;
 pub mod health;
 pub mod request_id;
 pub mod routing;
@@ -16,6 +18,8 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     health::routes(cfg);
     auth::routes(cfg);
     users::routes(cfg);
+    bundles::routes(cfg);
+    formspecs::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.
