@@ -31,6 +31,9 @@ use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
 /// How often the active pointer is re-read in case a notification was lost.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Staging entries older than this at start-up belong to no running upload.
+const STALE_STAGING_AGE: Duration = Duration::from_secs(6 * 3600);
+
 /// One stored version: its manifest (computed once, at upload) and where its files are.
 #[derive(Debug)]
 pub struct VersionInfo {
@@ -173,6 +176,7 @@ impl BundleStore {
         let root = config.app_bundle_path.clone();
         std::fs::create_dir_all(root.join("versions"))?;
         std::fs::create_dir_all(staging_dir(&root))?;
+        remove_stale_staging(&staging_dir(&root));
         let cache = Arc::new(DashMap::new());
         let (generation, active) = read_pointer(pool, &root, &cache, -1)
             .await
@@ -582,6 +586,23 @@ fn rejection_error(rejection: BundleRejection) -> ApiError {
 fn now_micros() -> DateTime<Utc> {
     let now = Utc::now();
     now.with_nanosecond(now.nanosecond() / 1_000 * 1_000).unwrap_or(now)
+}
+
+/// Uploads and staging folders left by a crash. Only old ones: another process sharing
+/// APP_BUNDLE_PATH may be receiving an upload right now.
+fn remove_stale_staging(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let age = entry.metadata().and_then(|meta| meta.modified()).ok().and_then(|t| t.elapsed().ok());
+        if age.is_some_and(|age| age > STALE_STAGING_AGE) {
+            let path = entry.path();
+            let removed =
+                if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            if let Err(error) = removed {
+                tracing::warn!(%error, path = %path.display(), "cannot remove a stale app bundle upload");
+            }
+        }
+    }
 }
 
 async fn remove_path(path: &Path) {

@@ -199,6 +199,17 @@ async fn upstream_bundles_push_switch_changes_and_downloads() {
             assert_eq!(&bytes[..], &expected[path][..], "{path}");
         }
     }
+    // HEAD: same status and headers, no body.
+    let response = app
+        .client
+        .head(app.url("/app-bundle/download/app%2Findex.html"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .expect("HEAD");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-length"], expected["app/index.html"].len().to_string().as_str());
+    assert!(response.bytes().await.expect("HEAD body").is_empty());
     // Pinned and preview downloads.
     let response =
         get_bytes(&app, &format!("/app-bundle/download/app%2FTHIS_IS_VERSION_2.txt?version={v2}"), &admin)
