@@ -56,21 +56,29 @@ pub async fn database_connection(config: &Config) -> anyhow::Result<(String, Opt
 pub async fn connect_and_migrate(
     config: &Config,
 ) -> anyhow::Result<(deadpool_postgres::Pool, Option<EmbeddedHandle>)> {
+    let (pool, embedded, _conn) = connect_migrate_with_conn(config).await?;
+    Ok((pool, embedded))
+}
+
+/// [`connect_and_migrate`], also returning the connection string (for dedicated connections).
+async fn connect_migrate_with_conn(
+    config: &Config,
+) -> anyhow::Result<(deadpool_postgres::Pool, Option<EmbeddedHandle>, String)> {
     let (conn, embedded) = database_connection(config).await?;
     let pool = db::create_pool(&conn, config.db_pool_size)?;
     db::wait_until_reachable(&pool).await?;
     db::migrate(&pool).await.context("migrations failed")?;
-    Ok((pool, embedded))
+    Ok((pool, embedded, conn))
 }
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let config = Arc::new(config);
-        let (pool, embedded) = connect_and_migrate(&config).await?;
+        let (pool, embedded, conn) = connect_migrate_with_conn(&config).await?;
         let auth = Arc::new(AuthService::new(&config.jwt_secret, config.jwt_ttl, config.refresh_ttl)?);
         bootstrap_admin(&config, &pool, &auth).await?;
         check_data_root(&config)?;
-        let actors = crate::actors::start(&config, &pool).await?;
+        let actors = crate::actors::start(&config, &pool, &conn).await?;
 
         let state = AppState {
             config: config.clone(),

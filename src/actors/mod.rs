@@ -1,5 +1,6 @@
 //! Actors own the server's single-owner state; handlers talk to them with messages.
 
+pub mod bundle_store;
 pub mod change_log;
 pub mod presence;
 
@@ -14,14 +15,17 @@ use crate::config::Config;
 pub struct Actors {
     pub change_log: Addr<change_log::ChangeLog>,
     pub presence: Addr<presence::Presence>,
+    pub bundles: Addr<bundle_store::BundleStore>,
 }
 
-/// Starts every actor; called once by the app factory.
-pub async fn start(config: &Config, pool: &deadpool_postgres::Pool) -> anyhow::Result<Actors> {
+/// Starts every actor; called once by the app factory. `conn` is the database connection
+/// string, for actors that need a dedicated connection (LISTEN).
+pub async fn start(config: &Config, pool: &deadpool_postgres::Pool, conn: &str) -> anyhow::Result<Actors> {
     let change_log = change_log::ChangeLog::new(pool.clone()).start();
     let presence = presence::Presence::new(pool.clone()).start();
+    let bundles = bundle_store::BundleStore::start(config, pool, conn).await?;
     spawn_housekeeping(pool.clone(), config.transmission_retention_days);
-    Ok(Actors { change_log, presence })
+    Ok(Actors { change_log, presence, bundles })
 }
 
 /// Hourly clean-up of what only ever grows: old transmission results and expired tokens.

@@ -1,7 +1,9 @@
 //! Database access: the pool, migrations, and one module of SQL per table family.
 
 pub mod attachments;
+pub mod bundles;
 pub mod embedded;
+pub mod formspecs;
 pub mod presence;
 pub mod records;
 pub mod status;

@@ -13,6 +13,11 @@ pub struct Counts {
 
 pub async fn counts(db: &impl GenericClient) -> ApiResult<Counts> {
     let row =
-        db.query_one("SELECT (SELECT count(*) FROM records), (SELECT head FROM change_head)", &[]).await?;
-    Ok(Counts { observations: row.get(0), attachments: 0, head: row.get(1), active_bundle_version: None })
+        db.query_one("SELECT (SELECT count(*) FROM records), (SELECT head FROM change_head), (SELECT version FROM bundle_active)", &[]).await?;
+    Ok(Counts {
+        observations: row.get(0),
+        attachments: 0,
+        head: row.get(1),
+        active_bundle_version: row.get(2),
+    })
 }

@@ -2,6 +2,7 @@
 pub mod api_version;
 pub mod bundle;
 pub mod export;
+pub mod formspec;
 pub mod mime;
 pub mod page_token;
 pub mod role;

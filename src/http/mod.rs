@@ -2,9 +2,11 @@
 
 pub mod admin;
 pub mod auth;
+pub mod bundles;
 pub mod context;
 pub mod cors;
 pub mod extract;
+pub mod formspecs;
 pub mod health;
 pub mod observations;
 pub mod request_id;
@@ -22,6 +24,8 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     sync::routes(cfg);
     observations::routes(cfg);
     admin::routes(cfg);
+    bundles::routes(cfg);
+    formspecs::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.

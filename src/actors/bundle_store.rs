@@ -1,0 +1,617 @@
+//! `BundleStore` owns the active app bundle version (API.md 9, ARCHITECTURE.md "App bundles").
+//!
+//! Uploads are validated, unpacked into a staging folder, then renamed into
+//! `versions/<id>/` and recorded in one transaction under the bundle lock, so a failed upload
+//! leaves nothing and uses no id. The active pointer lives in the database; this actor keeps
+//! the active version in memory and learns about switches made by other processes through
+//! LISTEN/NOTIFY, with a periodic re-read as the fallback. Every change carries the pointer's
+//! generation, so updates applied out of order never move the pointer back.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix::WeakAddr;
+use bytes::Bytes;
+use chrono::{DateTime, Timelike, Utc};
+use dashmap::DashMap;
+use deadpool_postgres::Pool;
+use serde_json::Value;
+
+use crate::db;
+use crate::domain::bundle::{
+    build_manifest, bundle_hash, declared_version_id, extract, validate_zip, version_id_candidates,
+    version_id_from_time, BundleManifest, BundleRejection, Limits, ManifestFile, ValidatedBundle,
+    VersionView,
+};
+use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
+
+/// How often the active pointer is re-read in case a notification was lost.
+const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Staging entries older than this at start-up belong to no running upload.
+const STALE_STAGING_AGE: Duration = Duration::from_secs(6 * 3600);
+
+/// One stored version: its manifest (computed once, at upload) and where its files are.
+#[derive(Debug)]
+pub struct VersionInfo {
+    pub version: String,
+    pub created_at: DateTime<Utc>,
+    pub manifest: BundleManifest,
+    /// The serialised manifest, served as is by `GET /app-bundle/manifest`.
+    pub manifest_body: Bytes,
+    /// The version's own immutable folder.
+    pub dir: PathBuf,
+    /// The validated ZIP as pushed (API.md 17.6).
+    pub zip_path: PathBuf,
+    by_path: HashMap<String, usize>,
+}
+
+impl VersionInfo {
+    fn new(root: &Path, created_at: DateTime<Utc>, manifest: BundleManifest) -> ApiResult<Self> {
+        let manifest_body = Bytes::from(serde_json::to_vec(&manifest).map_err(ApiError::internal)?);
+        let by_path = manifest.files.iter().enumerate().map(|(i, file)| (file.path.clone(), i)).collect();
+        Ok(VersionInfo {
+            version: manifest.version.clone(),
+            created_at,
+            dir: version_dir(root, &manifest.version),
+            zip_path: zip_path(root, &manifest.version),
+            manifest_body,
+            manifest,
+            by_path,
+        })
+    }
+
+    fn from_row(root: &Path, row: db::bundles::VersionRow) -> ApiResult<Self> {
+        let manifest: BundleManifest = serde_json::from_value(row.manifest).map_err(|e| {
+            ApiError::internal(format!("stored manifest of {} is unreadable: {e}", row.version))
+        })?;
+        Self::new(root, row.created_at, manifest)
+    }
+
+    /// The manifest entry of a file, `None` for unknown paths and directories.
+    pub fn file(&self, path: &str) -> Option<&ManifestFile> {
+        self.by_path.get(path).and_then(|&index| self.manifest.files.get(index))
+    }
+
+    /// Where a listed file is stored. Only call with a path [`Self::file`] knows: those were
+    /// checked safe when the bundle was validated.
+    pub fn file_path(&self, path: &str) -> PathBuf {
+        path.split('/').fold(self.dir.clone(), |dir, segment| dir.join(segment))
+    }
+}
+
+fn version_dir(root: &Path, version: &str) -> PathBuf {
+    root.join("versions").join(version)
+}
+
+fn zip_path(root: &Path, version: &str) -> PathBuf {
+    root.join("versions").join(format!("{version}.zip"))
+}
+
+/// Where uploads and staging folders live: inside APP_BUNDLE_PATH, so renames are atomic.
+pub fn staging_dir(root: &Path) -> PathBuf {
+    root.join("tmp")
+}
+
+/// Which version a read wants.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Active,
+    /// The most recently uploaded version, active or not.
+    Newest,
+    Version(String),
+}
+
+/// Resolves a target to one version; the caller then serves only from that version.
+pub struct Resolve(pub Target);
+
+impl Message for Resolve {
+    type Result = ApiResult<Arc<VersionInfo>>;
+}
+
+/// A validated-to-be upload, already streamed to `upload` (a file in [`staging_dir`]).
+pub struct Push {
+    pub upload: PathBuf,
+    pub activate: bool,
+    pub received_at: DateTime<Utc>,
+}
+
+#[derive(Debug)]
+pub struct PushOutcome {
+    pub version: Arc<VersionInfo>,
+    pub active: bool,
+    pub warnings: Vec<Value>,
+}
+
+impl Message for Push {
+    type Result = ApiResult<PushOutcome>;
+}
+
+pub struct Switch {
+    pub version: String,
+}
+
+#[derive(Debug)]
+pub struct SwitchOutcome {
+    pub version: String,
+    pub previous_version: Option<String>,
+    pub warnings: Vec<Value>,
+}
+
+impl Message for Switch {
+    type Result = ApiResult<SwitchOutcome>;
+}
+
+/// Re-read the active pointer (sent by the LISTEN task and the timer).
+struct Refresh;
+
+impl Message for Refresh {
+    type Result = ();
+}
+
+/// The pointer state applied in memory: its generation and the version it names.
+type Pointer = (i64, Option<Arc<VersionInfo>>);
+
+pub struct BundleStore {
+    pool: Pool,
+    conn: String,
+    root: PathBuf,
+    keep: usize,
+    limits: Limits,
+    generation: i64,
+    active: Option<Arc<VersionInfo>>,
+    cache: Arc<DashMap<String, Arc<VersionInfo>>>,
+}
+
+impl BundleStore {
+    /// Loads the active version, then starts the actor. `conn` opens the LISTEN connection.
+    pub async fn start(
+        config: &crate::config::Config,
+        pool: &Pool,
+        conn: &str,
+    ) -> anyhow::Result<Addr<Self>> {
+        let root = config.app_bundle_path.clone();
+        std::fs::create_dir_all(root.join("versions"))?;
+        std::fs::create_dir_all(staging_dir(&root))?;
+        remove_stale_staging(&staging_dir(&root));
+        let cache = Arc::new(DashMap::new());
+        let (generation, active) = read_pointer(pool, &root, &cache, -1)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot read the active app bundle: {e}"))?
+            .unwrap_or((0, None));
+        let store = BundleStore {
+            pool: pool.clone(),
+            conn: conn.to_owned(),
+            root,
+            keep: config.max_versions_kept,
+            limits: Limits::default(),
+            generation,
+            active,
+            cache,
+        };
+        Ok(store.start())
+    }
+
+    fn apply(&mut self, (generation, active): Pointer) {
+        if generation > self.generation {
+            self.generation = generation;
+            self.active = active;
+        }
+    }
+
+    fn refresh(&mut self, ctx: &mut Context<Self>) {
+        let (pool, root, cache, known) =
+            (self.pool.clone(), self.root.clone(), self.cache.clone(), self.generation);
+        let read = async move { read_pointer(&pool, &root, &cache, known).await };
+        ctx.spawn(read.into_actor(self).map(|result, store, _| match result {
+            Ok(Some(pointer)) => store.apply(pointer),
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "cannot re-read the active app bundle"),
+        }));
+    }
+
+    fn job(&self) -> Job {
+        Job { pool: self.pool.clone(), root: self.root.clone(), cache: self.cache.clone() }
+    }
+}
+
+impl Actor for BundleStore {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(REFRESH_INTERVAL, |store, ctx| store.refresh(ctx));
+        actix::spawn(listen_loop(self.conn.clone(), ctx.address().downgrade()));
+    }
+}
+
+/// Keeps a LISTEN connection open for the actor's lifetime, reconnecting after failures.
+async fn listen_loop(conn: String, store: WeakAddr<BundleStore>) {
+    loop {
+        match db::bundles::listen_for_switches(&conn).await {
+            Ok((client, mut notifications)) => {
+                // Catch up with any switch made while nobody was listening.
+                let Some(addr) = store.upgrade() else { return };
+                addr.do_send(Refresh);
+                while notifications.recv().await.is_some() {
+                    let Some(addr) = store.upgrade() else { return };
+                    addr.do_send(Refresh);
+                }
+                drop(client);
+            }
+            Err(error) => tracing::warn!(%error, "cannot listen for app bundle switches"),
+        }
+        if store.upgrade().is_none() {
+            return;
+        }
+        tokio::time::sleep(REFRESH_INTERVAL).await;
+    }
+}
+
+impl Handler<Refresh> for BundleStore {
+    type Result = ();
+
+    fn handle(&mut self, _: Refresh, ctx: &mut Context<Self>) {
+        self.refresh(ctx);
+    }
+}
+
+impl Handler<Resolve> for BundleStore {
+    type Result = ResponseFuture<ApiResult<Arc<VersionInfo>>>;
+
+    fn handle(&mut self, Resolve(target): Resolve, _: &mut Context<Self>) -> Self::Result {
+        if let Target::Active = target {
+            let active = self.active.clone().ok_or_else(|| ApiError::not_found("No app bundle is active"));
+            return Box::pin(async move { active });
+        }
+        let job = self.job();
+        Box::pin(async move {
+            let db = job.pool.get().await?;
+            let row = match &target {
+                Target::Version(version) => {
+                    if let Some(info) = job.cache.get(version) {
+                        return Ok(info.clone());
+                    }
+                    db::bundles::find(&db, version).await?
+                }
+                _ => db::bundles::newest(&db).await?,
+            };
+            let row = row.ok_or_else(|| match &target {
+                Target::Version(version) => {
+                    ApiError::not_found(format!("App bundle version '{version}' not found"))
+                }
+                _ => ApiError::not_found("No app bundle versions exist"),
+            })?;
+            job.load(row)
+        })
+    }
+}
+
+impl Handler<Push> for BundleStore {
+    type Result = ResponseActFuture<Self, ApiResult<PushOutcome>>;
+
+    fn handle(&mut self, push: Push, _: &mut Context<Self>) -> Self::Result {
+        let job = self.job();
+        let (keep, limits) = (self.keep, self.limits.clone());
+        let work = async move {
+            let upload = push.upload.clone();
+            let result = job.push(push, limits).await;
+            // Only a failed push still owns its upload; a successful one moved it into place.
+            if result.is_err() {
+                let _ = tokio::fs::remove_file(&upload).await;
+            }
+            let (outcome, pointer) = result?;
+            job.retain(keep, &outcome.version.version).await;
+            ApiResult::Ok((outcome, pointer))
+        };
+        Box::pin(work.into_actor(self).map(|result, store, _| {
+            let (outcome, pointer) = result?;
+            if let Some(pointer) = pointer {
+                store.apply(pointer);
+            }
+            Ok(outcome)
+        }))
+    }
+}
+
+impl Handler<Switch> for BundleStore {
+    type Result = ResponseActFuture<Self, ApiResult<SwitchOutcome>>;
+
+    fn handle(&mut self, Switch { version }: Switch, _: &mut Context<Self>) -> Self::Result {
+        let job = self.job();
+        Box::pin(async move { job.switch(&version).await }.into_actor(self).map(|result, store, _| {
+            let (outcome, pointer) = result?;
+            if let Some(pointer) = pointer {
+                store.apply(pointer);
+            }
+            Ok(outcome)
+        }))
+    }
+}
+
+/// Reads the pointer; `None` when its generation is not newer than `known`.
+async fn read_pointer(
+    pool: &Pool,
+    root: &Path,
+    cache: &Arc<DashMap<String, Arc<VersionInfo>>>,
+    known: i64,
+) -> ApiResult<Option<Pointer>> {
+    let db = pool.get().await?;
+    let (version, generation) = db::bundles::active(&db).await?;
+    if generation <= known {
+        return Ok(None);
+    }
+    let job = Job { pool: pool.clone(), root: root.to_owned(), cache: cache.clone() };
+    let info = match version {
+        None => None,
+        Some(version) => match cache.get(&version).map(|info| info.clone()) {
+            Some(info) => Some(info),
+            None => match db::bundles::find(&db, &version).await? {
+                Some(row) => Some(job.load(row)?),
+                None => {
+                    return Err(ApiError::internal(format!("active bundle version {version} has no row")))
+                }
+            },
+        },
+    };
+    Ok(Some((generation, info)))
+}
+
+/// The work of one message, run off the actor so downloads keep resolving meanwhile.
+struct Job {
+    pool: Pool,
+    root: PathBuf,
+    cache: Arc<DashMap<String, Arc<VersionInfo>>>,
+}
+
+impl Job {
+    fn load(&self, row: db::bundles::VersionRow) -> ApiResult<Arc<VersionInfo>> {
+        if let Some(info) = self.cache.get(&row.version) {
+            return Ok(info.clone());
+        }
+        let info = Arc::new(VersionInfo::from_row(&self.root, row)?);
+        self.cache.insert(info.version.clone(), info.clone());
+        Ok(info)
+    }
+
+    async fn push(&self, push: Push, limits: Limits) -> ApiResult<(PushOutcome, Option<Pointer>)> {
+        let upload = push.upload.clone();
+        let bundle = tokio::task::spawn_blocking(move || validate_zip(&upload, &limits))
+            .await
+            .map_err(ApiError::internal)?
+            .map_err(rejection_error)?;
+
+        let created_at = now_micros();
+        let staging = staging_dir(&self.root).join(format!("{}.d", uuid::Uuid::new_v4().simple()));
+        let unpacked = {
+            let (bundle, upload, staging) = (bundle.clone(), push.upload.clone(), staging.clone());
+            tokio::task::spawn_blocking(move || unpack(&bundle, &upload, &staging, created_at))
+                .await
+                .map_err(ApiError::internal)?
+        };
+        let files = match unpacked {
+            Ok(files) => files,
+            Err(error) => {
+                let _ = tokio::fs::remove_dir_all(&staging).await;
+                return Err(ApiError::internal(format!("unpacking an app bundle failed: {error}")));
+            }
+        };
+        let result = self.record(&bundle, &push, &staging, files, created_at).await;
+        if result.is_err() {
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+        }
+        result
+    }
+
+    /// Assigns the id, moves the files into place and records the version, all under the
+    /// bundle lock and in one transaction; on failure the moved files are removed again.
+    async fn record(
+        &self,
+        bundle: &ValidatedBundle,
+        push: &Push,
+        staging: &Path,
+        files: Vec<ManifestFile>,
+        created_at: DateTime<Utc>,
+    ) -> ApiResult<(PushOutcome, Option<Pointer>)> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        db::bundles::lock(&tx).await?;
+        let base = bundle
+            .manifest
+            .as_ref()
+            .and_then(declared_version_id)
+            .unwrap_or_else(|| version_id_from_time(push.received_at));
+        let mut version = base.clone();
+        for candidate in version_id_candidates(&base) {
+            if !db::bundles::id_used(&tx, &candidate).await? {
+                version = candidate;
+                break;
+            }
+        }
+        let manifest = BundleManifest {
+            name: bundle.display_name(&version).to_owned(),
+            entry_point: bundle.entry_point.clone(),
+            hash: bundle_hash(&version, &files),
+            generated_at: crate::domain::bundle::format_timestamp(created_at),
+            version: version.clone(),
+            files,
+        };
+        let manifest_json = serde_json::to_value(&manifest).map_err(ApiError::internal)?;
+        let info = Arc::new(VersionInfo::new(&self.root, created_at, manifest)?);
+
+        // A folder left by a crash between rename and commit has no row: it is an orphan.
+        for leftover in [&info.dir, &info.zip_path] {
+            if tokio::fs::symlink_metadata(leftover).await.is_ok() {
+                tracing::warn!(path = %leftover.display(), "removing an unrecorded app bundle leftover");
+                remove_path(leftover).await;
+            }
+        }
+        tokio::fs::rename(staging, &info.dir).await?;
+        let stored = async {
+            tokio::fs::rename(&push.upload, &info.zip_path).await?;
+            db::bundles::insert(
+                &tx,
+                &version,
+                &info.manifest.name,
+                &info.manifest.entry_point,
+                created_at,
+                &manifest_json,
+            )
+            .await?;
+            let mut activated = None;
+            let mut warnings = Vec::new();
+            if push.activate {
+                let generation = db::bundles::set_active(&tx, &version).await?;
+                let forms: Vec<(String, Value, Value)> = bundle
+                    .forms
+                    .iter()
+                    .map(|(name, form)| (name.clone(), form.schema.clone(), form.ui.clone()))
+                    .collect();
+                warnings = db::formspecs::register_bundle_forms(&tx, &version, &forms).await?;
+                activated = Some(generation);
+            }
+            tx.commit().await?;
+            ApiResult::Ok((activated, warnings))
+        }
+        .await;
+        let (activated, warnings) = match stored {
+            Ok(stored) => stored,
+            Err(error) => {
+                remove_path(&info.dir).await;
+                remove_path(&info.zip_path).await;
+                return Err(error);
+            }
+        };
+        self.cache.insert(version.clone(), info.clone());
+        tracing::info!(version = %version, activated = activated.is_some(), "app bundle stored");
+        let pointer = activated.map(|generation| (generation, Some(info.clone())));
+        Ok((PushOutcome { version: info, active: pointer.is_some(), warnings }, pointer))
+    }
+
+    /// Retention after an upload (API.md 9.3). A failure is logged: the upload itself succeeded.
+    async fn retain(&self, keep: usize, just_uploaded: &str) {
+        let result = async {
+            let mut client = self.pool.get().await?;
+            let tx = client.transaction().await?;
+            db::bundles::lock(&tx).await?;
+            let victims = db::bundles::retention_victims(&tx, keep, just_uploaded).await?;
+            db::bundles::mark_removed(&tx, &victims).await?;
+            tx.commit().await?;
+            ApiResult::Ok(victims)
+        }
+        .await;
+        match result {
+            Ok(victims) => {
+                for version in victims {
+                    self.cache.remove(&version);
+                    remove_path(&version_dir(&self.root, &version)).await;
+                    remove_path(&zip_path(&self.root, &version)).await;
+                    tracing::info!(version = %version, "app bundle version removed by retention");
+                }
+            }
+            Err(error) => tracing::error!(%error, "app bundle retention failed"),
+        }
+    }
+
+    async fn switch(&self, version: &str) -> ApiResult<(SwitchOutcome, Option<Pointer>)> {
+        let not_found = || ApiError::not_found(format!("App bundle version '{version}' not found"));
+        let info = {
+            let db = self.pool.get().await?;
+            let row = db::bundles::find(&db, version).await?.ok_or_else(not_found)?;
+            self.load(row)?
+        };
+        let forms = {
+            let info = info.clone();
+            tokio::task::spawn_blocking(move || VersionView::load(&info.manifest, &info.dir))
+                .await
+                .map_err(ApiError::internal)??
+        };
+        let forms: Vec<(String, Value, Value)> = forms
+            .forms
+            .into_iter()
+            .filter(|(_, form)| form.schema.is_object() && form.ui.is_object())
+            .map(|(name, form)| (name, form.schema, form.ui))
+            .collect();
+
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        db::bundles::lock(&tx).await?;
+        // Retention may have removed it since the look-up above.
+        if db::bundles::find(&tx, version).await?.is_none() {
+            return Err(not_found());
+        }
+        let (previous, _) = db::bundles::active(&tx).await?;
+        if previous.as_deref() == Some(version) {
+            tx.commit().await?;
+            let outcome =
+                SwitchOutcome { version: version.to_owned(), previous_version: previous, warnings: vec![] };
+            return Ok((outcome, None));
+        }
+        let generation = db::bundles::set_active(&tx, version).await?;
+        let warnings = db::formspecs::register_bundle_forms(&tx, version, &forms).await?;
+        tx.commit().await?;
+        tracing::info!(version, previous = previous.as_deref().unwrap_or(""), "app bundle switched");
+        let outcome = SwitchOutcome { version: version.to_owned(), previous_version: previous, warnings };
+        Ok((outcome, Some((generation, Some(info)))))
+    }
+}
+
+/// Extracts into `staging` and hashes every file once. The id is not known yet, so the
+/// bundle hash is computed later from these entries.
+fn unpack(
+    bundle: &ValidatedBundle,
+    upload: &Path,
+    staging: &Path,
+    created_at: DateTime<Utc>,
+) -> std::io::Result<Vec<ManifestFile>> {
+    std::fs::create_dir_all(staging)?;
+    extract(bundle, upload, staging)?;
+    Ok(build_manifest("", "", &bundle.entry_point, created_at, staging)?.files)
+}
+
+fn rejection_error(rejection: BundleRejection) -> ApiError {
+    let total = rejection.problems.len();
+    let message = format!("App bundle validation failed at the {} step: {total} problem(s)", rejection.step);
+    let errors = rejection
+        .problems
+        .into_iter()
+        .map(|problem| ItemProblem::new(problem.path, problem.code, problem.message))
+        .collect();
+    ApiError::new(ErrorCode::InvalidBundle, message).with_errors(errors)
+}
+
+/// Database timestamps keep microseconds; truncating keeps memory and rows equal.
+fn now_micros() -> DateTime<Utc> {
+    let now = Utc::now();
+    now.with_nanosecond(now.nanosecond() / 1_000 * 1_000).unwrap_or(now)
+}
+
+/// Uploads and staging folders left by a crash. Only old ones: another process sharing
+/// APP_BUNDLE_PATH may be receiving an upload right now.
+fn remove_stale_staging(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let age = entry.metadata().and_then(|meta| meta.modified()).ok().and_then(|t| t.elapsed().ok());
+        if age.is_some_and(|age| age > STALE_STAGING_AGE) {
+            let path = entry.path();
+            let removed =
+                if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            if let Err(error) = removed {
+                tracing::warn!(%error, path = %path.display(), "cannot remove a stale app bundle upload");
+            }
+        }
+    }
+}
+
+async fn remove_path(path: &Path) {
+    let result = match tokio::fs::symlink_metadata(path).await {
+        Ok(meta) if meta.is_dir() => tokio::fs::remove_dir_all(path).await,
+        Ok(_) => tokio::fs::remove_file(path).await,
+        Err(_) => return,
+    };
+    if let Err(error) = result {
+        tracing::warn!(%error, path = %path.display(), "cannot remove app bundle files");
+    }
+}

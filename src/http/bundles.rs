@@ -1,0 +1,401 @@
+//! App bundles (API.md 9 and 17.6): uploads and switches go to the `BundleStore` actor; reads
+//! resolve one version through it, then serve only from that version's immutable folder.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use actix_multipart::{Field, Multipart};
+use actix_web::body::SizedStream;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
+use chrono::Utc;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio_util::io::ReaderStream;
+
+use crate::actors::bundle_store::{staging_dir, Push, Resolve, Switch, Target, VersionInfo};
+use crate::db;
+use crate::domain::api_version::ApiVersion;
+use crate::domain::bundle::{diff_versions, strip_active_marker, Limits, VersionView};
+use crate::domain::role::Role;
+use crate::domain::time;
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::extract::{api_version, path_param, state, Auth, Fields, JsonBody};
+use crate::state::AppState;
+
+/// Multipart framing around the ZIP: a Content-Length up to this much over the ZIP limit may
+/// still carry an acceptable ZIP; the part itself is checked exactly while streaming.
+const MULTIPART_OVERHEAD: u64 = 64 * 1024;
+const IMMUTABLE: &str = "public, max-age=31536000, immutable";
+
+/// Whether `If-None-Match` matches the strong tag `"<hex>"` (API.md 1.6: a list, `*`, and
+/// `W/` tags compared weakly).
+pub fn if_none_match(req: &HttpRequest, hex: &str) -> bool {
+    req.headers().get_all(header::IF_NONE_MATCH).filter_map(|value| value.to_str().ok()).any(|value| {
+        value.split(',').map(str::trim).any(|tag| {
+            tag == "*"
+                || tag.strip_prefix("W/").unwrap_or(tag).strip_prefix('"').and_then(|t| t.strip_suffix('"'))
+                    == Some(hex)
+        })
+    })
+}
+
+fn quoted(hex: &str) -> String {
+    format!("\"{hex}\"")
+}
+
+fn query(req: &HttpRequest) -> ApiResult<HashMap<String, String>> {
+    web::Query::<HashMap<String, String>>::from_query(req.query_string())
+        .map(web::Query::into_inner)
+        .map_err(|_| ApiError::bad_request("Malformed query string"))
+}
+
+fn is_true(value: Option<&str>) -> bool {
+    value.is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// A version id from input, without the 1.0 list's active marker (API.md 9.3).
+fn version_param(raw: &str) -> String {
+    strip_active_marker(raw).to_owned()
+}
+
+async fn resolve(st: &AppState, target: Target) -> ApiResult<Arc<VersionInfo>> {
+    st.actors.bundles.send(Resolve(target)).await.map_err(ApiError::internal)?
+}
+
+// ---- uploads ----
+
+/// The upload file until it is handed to the actor; removed if the request ends first.
+struct TempUpload(Option<PathBuf>);
+
+impl TempUpload {
+    fn into_path(mut self) -> Option<PathBuf> {
+        self.0.take()
+    }
+}
+
+impl Drop for TempUpload {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn too_large(limit: u64) -> ApiError {
+    ApiError::new(ErrorCode::PayloadTooLarge, format!("App bundle exceeds {limit} bytes"))
+}
+
+fn bad_multipart() -> ApiError {
+    ApiError::bad_request(
+        "Expected a multipart/form-data body with the bundle ZIP in the field 'bundle' or 'file'",
+    )
+}
+
+/// Streams the file part to a new file in `dir`, never holding it in memory.
+async fn write_part(field: &mut Field, dir: &Path, limit: u64) -> ApiResult<TempUpload> {
+    let path = dir.join(format!("{}.upload", uuid::Uuid::new_v4().simple()));
+    let mut file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&path).await?;
+    let guard = TempUpload(Some(path));
+    let mut written: u64 = 0;
+    while let Some(chunk) = field.next().await {
+        let chunk = chunk.map_err(|_| bad_multipart())?;
+        written += chunk.len() as u64;
+        if written > limit {
+            return Err(too_large(limit));
+        }
+        file.write_all(&chunk).await?;
+    }
+    file.sync_all().await?;
+    Ok(guard)
+}
+
+/// A short text field; longer values are read to the end but never count as `true`.
+async fn read_text(field: &mut Field) -> ApiResult<String> {
+    let mut text = Vec::new();
+    while let Some(chunk) = field.next().await {
+        let chunk = chunk.map_err(|_| bad_multipart())?;
+        if text.len() + chunk.len() <= 64 {
+            text.extend_from_slice(&chunk);
+        } else {
+            text.clear();
+            text.extend_from_slice(b"<too long>");
+        }
+    }
+    Ok(String::from_utf8_lossy(&text).trim().to_owned())
+}
+
+async fn upload(
+    req: HttpRequest,
+    caller: Auth,
+    payload: web::Payload,
+    force_activate: bool,
+) -> ApiResult<HttpResponse> {
+    let Auth(caller) = caller;
+    caller.require(Role::Admin)?;
+    let st = state(&req)?;
+    let limit = Limits::default().max_zip_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit + MULTIPART_OVERHEAD) {
+        return Err(too_large(limit));
+    }
+    let mut activate = force_activate || is_true(query(&req)?.get("activate").map(String::as_str));
+    let received_at = Utc::now();
+    let dir = staging_dir(&st.config.app_bundle_path);
+
+    let mut multipart = Multipart::new(req.headers(), payload);
+    let mut upload: Option<TempUpload> = None;
+    while let Some(field) = multipart.next().await {
+        let mut field = field.map_err(|_| bad_multipart())?;
+        let name = field.name().unwrap_or("").to_owned();
+        match name.as_str() {
+            "bundle" | "file" if upload.is_none() => {
+                upload = Some(write_part(&mut field, &dir, limit).await?)
+            }
+            "activate" => activate |= is_true(Some(read_text(&mut field).await?.as_str())),
+            _ => {
+                while let Some(chunk) = field.next().await {
+                    chunk.map_err(|_| bad_multipart())?;
+                }
+            }
+        }
+    }
+    let upload = upload.and_then(TempUpload::into_path).ok_or_else(bad_multipart)?;
+    let outcome = st
+        .actors
+        .bundles
+        .send(Push { upload, activate, received_at })
+        .await
+        .map_err(ApiError::internal)??;
+    let manifest = serde_json::to_value(&outcome.version.manifest).map_err(ApiError::internal)?;
+    Ok(HttpResponse::Ok().json(json!({
+        "message": "App bundle successfully pushed",
+        "version": outcome.version.version,
+        "active": outcome.active,
+        "manifest": manifest,
+        "warnings": outcome.warnings,
+    })))
+}
+
+pub async fn push(req: HttpRequest, caller: Auth, payload: web::Payload) -> ApiResult<HttpResponse> {
+    upload(req, caller, payload, false).await
+}
+
+pub async fn put(req: HttpRequest, caller: Auth, payload: web::Payload) -> ApiResult<HttpResponse> {
+    upload(req, caller, payload, true).await
+}
+
+// ---- switching ----
+
+async fn switch_to(st: &AppState, raw: Option<&str>) -> ApiResult<HttpResponse> {
+    let version = version_param(raw.unwrap_or("").trim());
+    if version.is_empty() {
+        return Err(ApiError::bad_request("Version is required").with_path("/version"));
+    }
+    let outcome = st.actors.bundles.send(Switch { version }).await.map_err(ApiError::internal)??;
+    Ok(HttpResponse::Ok().json(json!({
+        "message": format!("Switched to app bundle version {}", outcome.version),
+        "version": outcome.version,
+        "previous_version": outcome.previous_version,
+        "warnings": outcome.warnings,
+    })))
+}
+
+pub async fn switch_path(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::Admin)?;
+    let version = path_param(&req, "version")?;
+    switch_to(state(&req)?, Some(&version)).await
+}
+
+pub async fn switch_body(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    JsonBody(body): JsonBody,
+) -> ApiResult<HttpResponse> {
+    caller.require(Role::Admin)?;
+    let version = match &body {
+        Value::Null => None,
+        other => Fields::of(other)?.opt_str(&["version"])?,
+    };
+    switch_to(state(&req)?, version).await
+}
+
+// ---- reads ----
+
+pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let db = st.pool.get().await?;
+    let versions = db::bundles::list(&db).await?;
+    let items: Vec<Value> = if api_version(&req) == ApiVersion::V1_0 {
+        versions
+            .iter()
+            .map(|v| Value::from(if v.active { format!("{} *", v.version) } else { v.version.clone() }))
+            .collect()
+    } else {
+        versions
+            .iter()
+            .map(|v| {
+                json!({"version": v.version, "created_at": time::format(v.created_at), "active": v.active,
+                       "name": v.name})
+            })
+            .collect()
+    };
+    Ok(HttpResponse::Ok().json(json!({ "versions": items })))
+}
+
+fn not_modified(tag: &str, version: &str) -> HttpResponse {
+    HttpResponse::NotModified()
+        .insert_header((header::ETAG, tag.to_owned()))
+        .insert_header(("x-bundle-version", version.to_owned()))
+        .finish()
+}
+
+pub async fn manifest(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let info = resolve(state(&req)?, Target::Active).await?;
+    let tag = quoted(&info.manifest.hash);
+    if if_none_match(&req, &info.manifest.hash) {
+        return Ok(not_modified(&tag, &info.version));
+    }
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .insert_header((header::ETAG, tag))
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header(("x-bundle-version", info.version.clone()))
+        .body(info.manifest_body.clone()))
+}
+
+/// A download path after decoding (API.md 9.4): relative, no `.`/`..` segment, no backslash or NUL.
+fn check_download_path(path: &str) -> ApiResult<()> {
+    let bad = |why: &str| Err(ApiError::bad_request(format!("Invalid file path: {why}")).with_path("path"));
+    if path.is_empty() {
+        return bad("the path is empty");
+    }
+    if path.starts_with('/') {
+        return bad("the path must be relative");
+    }
+    if path.contains('\\') || path.contains('\0') {
+        return bad("the path contains a backslash or NUL");
+    }
+    if path.split('/').any(|segment| segment == "." || segment == "..") {
+        return bad("the path contains a '.' or '..' segment");
+    }
+    Ok(())
+}
+
+async fn open_sized(path: &Path, size: u64) -> ApiResult<SizedStream<ReaderStream<tokio::fs::File>>> {
+    let file = tokio::fs::File::open(path).await.map_err(|error| match error.kind() {
+        // Retention removed the version after it was resolved.
+        std::io::ErrorKind::NotFound => ApiError::not_found("File not found in the app bundle"),
+        _ => ApiError::internal(error),
+    })?;
+    Ok(SizedStream::new(size, ReaderStream::with_capacity(file, 64 * 1024)))
+}
+
+/// The version a download serves: `?version` wins, then `?preview`, then the active one.
+fn download_target(params: &HashMap<String, String>) -> (Target, bool, bool) {
+    match params.get("version").map(|v| version_param(v)).filter(|v| !v.is_empty()) {
+        Some(version) => (Target::Version(version), false, true),
+        None if is_true(params.get("preview").map(String::as_str)) => (Target::Newest, true, false),
+        None => (Target::Active, false, false),
+    }
+}
+
+fn cache_headers(builder: &mut HttpResponseBuilder, pinned: bool, preview: bool, version: &str) {
+    builder
+        .insert_header((header::CACHE_CONTROL, if pinned { IMMUTABLE } else { "no-cache" }))
+        .insert_header(("x-bundle-version", version.to_owned()));
+    if preview {
+        builder.insert_header(("x-is-preview", HeaderValue::from_static("true")));
+    }
+}
+
+pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let path = path_param(&req, "path")?;
+    check_download_path(&path)?;
+    let (target, preview, pinned) = download_target(&query(&req)?);
+    let info = resolve(st, target).await?;
+    let file = info
+        .file(&path)
+        .ok_or_else(|| ApiError::not_found(format!("File '{path}' not found in the app bundle")))?;
+    let matched = if_none_match(&req, &file.hash);
+    let mut builder = if matched { HttpResponse::NotModified() } else { HttpResponse::Ok() };
+    builder.insert_header((header::ETAG, quoted(&file.hash)));
+    cache_headers(&mut builder, pinned, preview, &info.version);
+    if matched {
+        return Ok(builder.finish());
+    }
+    let body = open_sized(&info.file_path(&path), file.size).await?;
+    Ok(builder.insert_header((header::CONTENT_TYPE, file.mime_type.clone())).body(body))
+}
+
+/// `/app-bundle/download` with nothing after it.
+pub async fn download_empty(Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    Err(ApiError::bad_request("Invalid file path: the path is empty").with_path("path"))
+}
+
+pub async fn download_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let (target, preview, pinned) = download_target(&query(&req)?);
+    let info = resolve(st, target).await?;
+    let matched = if_none_match(&req, &info.manifest.hash);
+    let mut builder = if matched { HttpResponse::NotModified() } else { HttpResponse::Ok() };
+    builder.insert_header((header::ETAG, quoted(&info.manifest.hash)));
+    cache_headers(&mut builder, pinned, preview, &info.version);
+    if matched {
+        return Ok(builder.finish());
+    }
+    let size = tokio::fs::metadata(&info.zip_path)
+        .await
+        .map_err(|_| ApiError::not_found("The app bundle ZIP is not available"))?
+        .len();
+    let body = open_sized(&info.zip_path, size).await?;
+    Ok(builder
+        .insert_header((header::CONTENT_TYPE, "application/zip"))
+        .insert_header((header::CONTENT_DISPOSITION, "attachment; filename=\"bundle.zip\""))
+        .body(body))
+}
+
+pub async fn changes(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let params = query(&req)?;
+    let pick = |name: &str, fallback: Target| match params.get(name).map(|v| version_param(v.trim())) {
+        Some(version) if !version.is_empty() => Target::Version(version),
+        _ => fallback,
+    };
+    let current = resolve(st, pick("current", Target::Active)).await?;
+    let target = resolve(st, pick("target", Target::Newest)).await?;
+    let body = web::block(move || {
+        let a = VersionView::load(&current.manifest, &current.dir)?;
+        let b = VersionView::load(&target.manifest, &target.dir)?;
+        std::io::Result::Ok(diff_versions(&a, &b))
+    })
+    .await??;
+    Ok(HttpResponse::Ok().json(body))
+}
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    use crate::http::routing::{get, resource};
+    cfg.service(resource("/app-bundle", "PUT").route(web::put().to(put)))
+        .service(resource("/app-bundle/push", "POST").route(web::post().to(push)))
+        .service(resource("/app-bundle/switch", "POST").route(web::post().to(switch_body)))
+        .service(resource("/app-bundle/switch/{version}", "POST").route(web::post().to(switch_path)))
+        .service(resource("/app-bundle/versions", "GET, HEAD").route(get().to(versions)))
+        .service(resource("/app-bundle/manifest", "GET, HEAD").route(get().to(manifest)))
+        .service(resource("/app-bundle/changes", "GET, HEAD").route(get().to(changes)))
+        .service(resource("/app-bundle/download-zip", "GET, HEAD").route(get().to(download_zip)))
+        .service(resource("/app-bundle/download", "GET, HEAD").route(get().to(download_empty)))
+        .service(resource("/app-bundle/download/{path:.*}", "GET, HEAD").route(get().to(download)));
+}
