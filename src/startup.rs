@@ -88,6 +88,7 @@ impl Application {
             started_at: Instant::now(),
             ready: Arc::new(AtomicBool::new(true)),
             actors,
+            schemas: Arc::new(crate::schema_check::SchemaCache::default()),
         };
 
         let listener = TcpListener::bind((config.bind_address, config.port))

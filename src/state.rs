@@ -17,6 +17,7 @@ pub struct AppState {
     pub started_at: Instant,
     pub ready: Arc<AtomicBool>,
     pub actors: crate::actors::Actors,
+    pub schemas: Arc<crate::schema_check::SchemaCache>,
 }
 
 impl AppState {

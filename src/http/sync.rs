@@ -6,12 +6,13 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::Value;
 
 use crate::actors::change_log::{reset_required, Push};
+use crate::config::RecordValidation;
 use crate::db::records;
 use crate::domain::api_version::ApiVersion;
 use crate::domain::role::Role;
 use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push, PullQuery};
-use crate::domain::sync::{encode, Dialect, PullPage, PullRequest};
-use crate::error::{ApiError, ApiResult};
+use crate::domain::sync::{encode, Dialect, PullPage, PullRequest, PushRequest, Warning};
+use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
 use crate::http::context::X_API_VERSION_USED;
 use crate::http::extract::{api_version, state, Auth, JsonBody};
 use crate::state::AppState;
@@ -56,7 +57,8 @@ fn dialect_response(dialect: Dialect, body: &Value, generation: i64) -> HttpResp
 pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadWrite)?;
     let st = state(&req)?;
-    let request = decode_push(&body)?;
+    let mut request = decode_push(&body)?;
+    check_schemas(st, &mut request).await?;
     let fingerprint = request.fingerprint();
     let dialect = request.dialect;
     let client_id = request.client_id.clone();
@@ -85,6 +87,44 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
 }
 
 /// Reads one page; a client holding another repository generation gets 409 instead.
+/// RECORD_VALIDATION: `warn` adds SCHEMA_MISMATCH warnings, `reject` fails the push with 422.
+async fn check_schemas(st: &AppState, request: &mut PushRequest) -> ApiResult<()> {
+    if st.config.record_validation == RecordValidation::Off {
+        return Ok(());
+    }
+    let failures = st.schemas.check(&st.pool, &request.records).await?;
+    if failures.is_empty() {
+        return Ok(());
+    }
+    if st.config.record_validation == RecordValidation::Reject {
+        let list_path = if request.dialect == Dialect::Camel { "/changes/observations" } else { "/records" };
+        let total = failures.len();
+        let problems = failures
+            .iter()
+            .flat_map(|f| {
+                f.errors.iter().map(move |e| {
+                    let mut p = ItemProblem::new(
+                        format!("{list_path}/{}/data{}", f.index, e["path"].as_str().unwrap_or("")),
+                        "SCHEMA_MISMATCH",
+                        e["message"].as_str().unwrap_or("schema mismatch"),
+                    );
+                    p.record_id = Some(f.record_id.clone());
+                    p
+                })
+            })
+            .collect();
+        return Err(ApiError::new(
+            ErrorCode::ValidationFailed,
+            format!("{total} records do not match their form's JSON Schema; nothing was stored"),
+        )
+        .with_errors(problems));
+    }
+    for f in failures {
+        request.warnings.push((f.index, Warning::schema_mismatch(&f.record_id, Value::Array(f.errors))));
+    }
+    Ok(())
+}
+
 async fn pull_page(st: &AppState, pull: &PullRequest, client_generation: Option<i64>) -> ApiResult<PullPage> {
     let db = st.pool.get().await?;
     let (head, mut found) = records::pull_page(&db, pull.after, &pull.types, pull.limit).await?;

@@ -610,3 +610,63 @@ async fn no_skipped_change_one_server() {
 async fn no_skipped_change_two_servers_one_database() {
     no_skip_under_concurrency(true).await;
 }
+
+async fn register_household_spec(app: &TestApp, admin: &str) {
+    let (status, body) = app
+        .call(Method::POST, "/formspecs", Some(admin), Some(json!({
+            "formType": "household", "version": "1.0",
+            "schema": {"type": "object", "properties": {"head_name": {"type": "string"}, "members": {"type": "integer"}},
+                       "required": ["head_name"]},
+            "uischema": {"type": "VerticalLayout", "elements": []}})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+fn household_push(tid: &str) -> Value {
+    json!({"transmission_id": tid, "client_id": "c", "records": [
+        {"observation_id": "good", "form_type": "household", "form_version": "1.0", "data": {"head_name": "Amina", "members": 4}},
+        {"observation_id": "bad", "form_type": "household", "form_version": "1.0", "data": {"members": "four"}},
+        {"observation_id": "gone", "form_type": "household", "form_version": "1.0", "deleted": true, "data": {"members": "x"}},
+        {"observation_id": "other", "form_type": "unknown", "data": {"anything": true}}]})
+}
+
+#[actix_web::test]
+async fn record_validation_warn_is_the_default() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    register_household_spec(&app, &admin).await;
+    let (status, body) = push(&app, &admin, household_push("w")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let warnings = body["warnings"].as_array().expect("warnings");
+    assert_eq!(warnings.len(), 1, "only the non-deleted record of a known form is checked: {body}");
+    assert_eq!(warnings[0]["code"], "SCHEMA_MISMATCH");
+    assert_eq!(warnings[0]["id"], "bad");
+    let paths: Vec<&str> =
+        warnings[0]["errors"].as_array().expect("errors").iter().filter_map(|e| e["path"].as_str()).collect();
+    assert!(paths.contains(&"/members"), "{paths:?}");
+    assert_eq!(body["success_count"], 4);
+}
+
+#[actix_web::test]
+async fn record_validation_reject_stores_nothing() {
+    let app = TestApp::spawn_with(&[("RECORD_VALIDATION", "reject")]).await;
+    let admin = app.admin_token().await;
+    register_household_spec(&app, &admin).await;
+    let (status, err) = push(&app, &admin, household_push("r")).await;
+    assert_error(status, &err, 422, "VALIDATION_FAILED");
+    let items = err["errors"].as_array().expect("errors");
+    assert!(items.iter().all(|e| e["code"] == "SCHEMA_MISMATCH" && e["recordId"] == "bad"), "{err}");
+    assert!(items.iter().any(|e| e["path"].as_str().is_some_and(|p| p.starts_with("/records/1/data"))));
+    let (_, status_body) = app.call(Method::GET, "/status", Some(&admin), None).await;
+    assert_eq!(status_body["current_change_id"], 0);
+}
+
+#[actix_web::test]
+async fn record_validation_off_checks_nothing() {
+    let app = TestApp::spawn_with(&[("RECORD_VALIDATION", "off")]).await;
+    let admin = app.admin_token().await;
+    register_household_spec(&app, &admin).await;
+    let (status, body) = push(&app, &admin, household_push("o")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["warnings"], json!([]));
+}
