@@ -17,9 +17,13 @@ const CACHE_TTL: Duration = Duration::from_secs(5);
 /// At most this many schema errors are reported per record.
 const MAX_ERRORS_PER_RECORD: usize = 10;
 
+/// (form type, form version): the validator that applies, if any, and when it was looked up.
+type CacheKey = (String, String);
+type CacheEntry = (Option<Arc<Validator>>, Instant);
+
 #[derive(Default)]
 pub struct SchemaCache {
-    entries: DashMap<(String, String), (Option<Arc<Validator>>, Instant)>,
+    entries: DashMap<CacheKey, CacheEntry>,
 }
 
 /// A record whose data failed its schema: its index and up to ten `{path, message}` items.
