@@ -1,5 +1,6 @@
 //! Actors own the server's single-owner state; handlers talk to them with messages.
 
+pub mod attachment_store;
 pub mod change_log;
 
 use std::time::Duration;
@@ -12,13 +13,17 @@ use crate::config::Config;
 #[derive(Clone)]
 pub struct Actors {
     pub change_log: Addr<change_log::ChangeLog>,
+    pub attachments: Addr<attachment_store::AttachmentStore>,
 }
 
 /// Starts every actor; called once by the app factory.
 pub async fn start(config: &Config, pool: &deadpool_postgres::Pool) -> anyhow::Result<Actors> {
     let change_log = change_log::ChangeLog::new(pool.clone()).start();
+    let attachments =
+        attachment_store::AttachmentStore::new(pool.clone(), change_log.clone(), &config.attachments_path)?
+            .start();
     spawn_housekeeping(pool.clone(), config.transmission_retention_days);
-    Ok(Actors { change_log })
+    Ok(Actors { change_log, attachments })
 }
 
 /// Hourly clean-up of what only ever grows: old transmission results and expired tokens.

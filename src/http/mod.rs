@@ -1,5 +1,6 @@
 //! The HTTP surface: one routes table, served at the root, under `/api` and under `/api/v1`.
 
+pub mod attachments;
 pub mod auth;
 pub mod context;
 pub mod cors;
@@ -20,6 +21,7 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     users::routes(cfg);
     sync::routes(cfg);
     observations::routes(cfg);
+    attachments::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.
