@@ -74,28 +74,22 @@ async fn read_multipart(
         if name == "file" && named.is_none() {
             let staged = attachment_store::stage(paths, &mut field, limit).await?;
             named = Some(MultipartUpload { staged, content_type, filename, attachment_id: None });
-        } else if name == "attachment_id" && filename.is_none() {
-            let mut text = Vec::new();
-            while let Some(chunk) = field.next().await {
-                text.extend_from_slice(&chunk.map_err(malformed)?);
-                if text.len() > rules::MAX_ID_BYTES * 3 {
-                    return Err(ApiError::bad_request(
-                        "Invalid attachment id: it must be 1 to 512 bytes long",
-                    ));
-                }
-            }
-            let text = String::from_utf8(text)
-                .map_err(|_| ApiError::bad_request("'attachment_id' must be UTF-8 text"))?;
-            attachment_id = Some(text);
-        } else if filename.is_some() && named.is_none() {
-            unnamed_files += 1;
-            only = if unnamed_files == 1 {
-                let staged = attachment_store::stage(paths, &mut field, limit).await?;
-                Some(MultipartUpload { staged, content_type, filename, attachment_id: None })
-            } else {
-                None
-            };
+            continue;
         }
+        if name == "attachment_id" && filename.is_none() {
+            attachment_id = Some(read_text(&mut field).await?);
+            continue;
+        }
+        if filename.is_some() && named.is_none() {
+            unnamed_files += 1;
+            if unnamed_files == 1 {
+                let staged = attachment_store::stage(paths, &mut field, limit).await?;
+                only = Some(MultipartUpload { staged, content_type, filename, attachment_id: None });
+                continue;
+            }
+            only = None;
+        }
+        // A field must not be polled once it has ended, so only parts nobody read are drained.
         while let Some(chunk) = field.next().await {
             discarded += chunk.map_err(malformed)?.len() as u64;
             if discarded > limit {
@@ -110,6 +104,19 @@ async fn read_multipart(
     })?;
     upload.attachment_id = attachment_id;
     Ok(upload)
+}
+
+/// A short text field (`attachment_id`).
+async fn read_text(field: &mut actix_multipart::Field) -> ApiResult<String> {
+    let mut text = Vec::new();
+    while let Some(chunk) = field.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("Malformed multipart body: {e}")))?;
+        text.extend_from_slice(&chunk);
+        if text.len() > rules::MAX_ID_BYTES * 4 {
+            return Err(ApiError::bad_request("Invalid attachment id: it must be 1 to 512 bytes long"));
+        }
+    }
+    String::from_utf8(text).map_err(|_| ApiError::bad_request("'attachment_id' must be UTF-8 text"))
 }
 
 fn check_declared_length(req: &HttpRequest, limit: u64, overhead: u64) -> ApiResult<()> {

@@ -1,5 +1,6 @@
 //! Black-box tests: the real server on a random port against a real PostgreSQL.
 mod helpers;
 
+mod attachments;
 mod foundation;
 mod sync;
