@@ -478,7 +478,7 @@ async fn ranges_conditionals_and_head() {
         }
         req.send()
     };
-    let cases: [(&str, u16, Option<(usize, usize)>); 6] = [
+    let cases: [(&str, u16, Span); 6] = [
         ("bytes=0-9", 206, Some((0, 9))),
         ("bytes=990-", 206, Some((990, 999))),
         ("bytes=-10", 206, Some((990, 999))),
@@ -531,6 +531,9 @@ async fn ranges_conditionals_and_head() {
     let (status, body) = app.call(Method::PUT, "/attachments/manifest", Some(&admin), None).await;
     assert_error(status, &body, 405, "METHOD_NOT_ALLOWED");
 }
+
+/// The inclusive byte span a 206 must carry, or None for the full body.
+type Span = Option<(usize, usize)>;
 
 fn encoded_image(width: u32, height: u32, format: image::ImageFormat) -> Vec<u8> {
     let img =
