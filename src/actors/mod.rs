@@ -1,5 +1,6 @@
 //! Actors own the server's single-owner state; handlers talk to them with messages.
 
+pub mod attachment_store;
 pub mod bundle_store;
 pub mod change_log;
 pub mod presence;
@@ -16,6 +17,7 @@ pub struct Actors {
     pub change_log: Addr<change_log::ChangeLog>,
     pub presence: Addr<presence::Presence>,
     pub bundles: Addr<bundle_store::BundleStore>,
+    pub attachments: Addr<attachment_store::AttachmentStore>,
 }
 
 /// Starts every actor; called once by the app factory. `conn` is the database connection
@@ -24,8 +26,11 @@ pub async fn start(config: &Config, pool: &deadpool_postgres::Pool, conn: &str) 
     let change_log = change_log::ChangeLog::new(pool.clone()).start();
     let presence = presence::Presence::new(pool.clone()).start();
     let bundles = bundle_store::BundleStore::start(config, pool, conn).await?;
+    let attachments =
+        attachment_store::AttachmentStore::new(pool.clone(), change_log.clone(), &config.attachments_path)?
+            .start();
     spawn_housekeeping(pool.clone(), config.transmission_retention_days);
-    Ok(Actors { change_log, presence, bundles })
+    Ok(Actors { change_log, presence, bundles, attachments })
 }
 
 /// Hourly clean-up of what only ever grows: old transmission results and expired tokens.

@@ -65,13 +65,29 @@ pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) 
 
 /// Attachments recorded after a cursor, up to the snapshot head, with that head (one statement).
 pub async fn changes_after(db: &impl GenericClient, after: i64) -> ApiResult<(i64, Vec<AttachmentRow>)> {
+    changes_where(db, "change_id > $1", &after).await
+}
+
+/// Attachments recorded after a moment, up to the snapshot head, with that head.
+pub async fn changes_since(
+    db: &impl GenericClient,
+    since: DateTime<Utc>,
+) -> ApiResult<(i64, Vec<AttachmentRow>)> {
+    changes_where(db, "created_at > $1", &since).await
+}
+
+async fn changes_where(
+    db: &impl GenericClient,
+    condition: &str,
+    param: &(dyn tokio_postgres::types::ToSql + Sync),
+) -> ApiResult<(i64, Vec<AttachmentRow>)> {
     let sql = format!(
         "WITH h AS (SELECT head FROM change_head)
          SELECT h.head, a.* FROM h LEFT JOIN LATERAL (
-             SELECT {COLUMNS} FROM attachments WHERE change_id > $1 AND change_id <= h.head ORDER BY change_id
+             SELECT {COLUMNS} FROM attachments WHERE {condition} AND change_id <= h.head ORDER BY change_id
          ) a ON true"
     );
-    let rows = db.query(&sql, &[&after]).await?;
+    let rows = db.query(&sql, &[param]).await?;
     let head: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
     let items = rows
         .iter()

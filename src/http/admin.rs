@@ -47,18 +47,19 @@ pub async fn reset_repository(
     Ok(res)
 }
 
-/// Removes stored attachment content; the folder layout itself stays.
+/// Removes stored attachment content and resized copies; uploads in flight (`tmp/`) are left alone.
 async fn remove_attachment_files(root: &std::path::Path) {
-    let Ok(mut entries) = tokio::fs::read_dir(root).await else { return };
-    while let Ok(Some(entry)) = entries.next_entry().await {
-        let path = entry.path();
-        let result = match entry.file_type().await {
-            Ok(t) if t.is_dir() => tokio::fs::remove_dir_all(&path).await,
-            Ok(_) => tokio::fs::remove_file(&path).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = result {
-            tracing::warn!(error = %e, path = %path.display(), "could not remove attachment data after reset");
+    for dir in ["blobs", "variants"] {
+        let path = root.join(dir);
+        match tokio::fs::remove_dir_all(&path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "could not remove attachment data after reset")
+            }
+        }
+        if let Err(e) = tokio::fs::create_dir_all(&path).await {
+            tracing::warn!(error = %e, path = %path.display(), "could not recreate attachment folder after reset");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The HTTP surface: one routes table, served at the root, under `/api` and under `/api/v1`.
 
 pub mod admin;
+pub mod attachments;
 pub mod auth;
 pub mod bundles;
 pub mod context;
@@ -26,6 +27,7 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     admin::routes(cfg);
     bundles::routes(cfg);
     formspecs::routes(cfg);
+    attachments::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.

@@ -29,6 +29,19 @@ pub fn client_generation(req: &HttpRequest, body: &Value) -> Option<i64> {
     }
 }
 
+/// The server's repository generation, or 409 when the client holds another one (API.md 17.2).
+pub async fn current_generation(
+    db: &impl deadpool_postgres::GenericClient,
+    req: &HttpRequest,
+    body: &Value,
+) -> ApiResult<i64> {
+    let server = records::head_and_generation(db).await?.repository_generation;
+    match client_generation(req, body) {
+        Some(g) if g != server => Err(reset_required(server)),
+        _ => Ok(server),
+    }
+}
+
 /// Reports a sync event (with the device's cursor) to the Presence actor; never blocks.
 pub fn report_sync(req: &HttpRequest, st: &AppState, username: &str, body_client_id: &str, cursor: i64) {
     let client_id = crate::http::extract::header_client_id(req).unwrap_or_else(|| body_client_id.to_string());

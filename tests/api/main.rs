@@ -1,6 +1,7 @@
 //! Black-box tests: the real server on a random port against a real PostgreSQL.
 mod helpers;
 
+mod attachments;
 mod bundles;
 mod clients2026;
 mod formspecs;

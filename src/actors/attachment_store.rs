@@ -1,0 +1,438 @@
+//! The `AttachmentStore` actor owns attachment files: it moves staged uploads into the
+//! content-addressed blob store and records them through the ChangeLog, and it builds the cached
+//! image variants. Handlers stream request bodies into a `Staged` temp file themselves (the
+//! payload belongs to the request), and read finished blobs straight from disk.
+//!
+//! Layout under ATTACHMENTS_PATH: `tmp/` (uploads in flight), `blobs/<aa>/<sha256>` (immutable
+//! content, named by its hash, so racing uploads with different bytes never touch the same file)
+//! and `variants/<sha256>-<quality>` (resized images).
+
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use actix::{Actor, Addr, AsyncContext, Context, Handler, Message, ResponseFuture};
+use bytes::Bytes;
+use deadpool_postgres::Pool;
+use futures_util::{Stream, StreamExt};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::actors::change_log::{AttachmentCommit, ChangeLog, CommitAttachment};
+use crate::db::attachments::{self, AttachmentRow, NewAttachment};
+use crate::domain::attachment::{scaled_size, Quality};
+use crate::error::{ApiError, ApiResult, ErrorCode};
+
+/// A temp file is stale (left by a crash or a killed process) once untouched this long; live
+/// uploads write continuously, so other processes sharing the folder never lose theirs.
+const STALE_TEMP_AGE: Duration = Duration::from_secs(15 * 60);
+/// Decoding large images takes memory; this many resizes run at once.
+const MAX_CONCURRENT_RESIZES: usize = 2;
+/// Bigger images are served as they are rather than decoded.
+const MAX_IMAGE_SIDE: u32 = 20_000;
+
+/// Where attachment files live.
+#[derive(Clone, Debug)]
+pub struct BlobPaths {
+    root: PathBuf,
+}
+
+impl BlobPaths {
+    pub fn new(root: &Path) -> Self {
+        BlobPaths { root: root.to_path_buf() }
+    }
+
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// Sharded by the first two hex digits so no folder grows without bound.
+    pub fn blob(&self, sha256: &str) -> PathBuf {
+        let shard = sha256.get(..2).unwrap_or("00");
+        self.root.join("blobs").join(shard).join(sha256)
+    }
+
+    pub fn variant(&self, sha256: &str, quality: Quality) -> PathBuf {
+        self.root.join("variants").join(format!("{sha256}-{}", quality.as_str()))
+    }
+
+    fn create_dirs(&self) -> std::io::Result<()> {
+        for dir in [self.tmp_dir(), self.root.join("blobs"), self.root.join("variants")] {
+            std::fs::create_dir_all(dir)?;
+        }
+        Ok(())
+    }
+
+    fn new_temp(&self) -> TempFile {
+        TempFile { path: self.tmp_dir().join(format!("{}.part", uuid::Uuid::new_v4().simple())) }
+    }
+}
+
+/// A file in `tmp/` that is removed when dropped, so every failure path (an error, a dropped
+/// connection cancelling the handler) cleans up; `persist` moves it out first.
+#[derive(Debug)]
+pub struct TempFile {
+    path: PathBuf,
+}
+
+impl TempFile {
+    /// Moves the file to `dest` (replacing an identical blob is harmless) and makes the rename durable.
+    fn persist(mut self, dest: &Path) -> std::io::Result<()> {
+        if let Some(dir) = dest.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::rename(&self.path, dest)?;
+        if let Some(dir) = dest.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        // Nothing left for Drop to remove.
+        self.path = PathBuf::new();
+        Ok(())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.path.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// An upload fully written to a temp file, hashed and fsynced.
+#[derive(Debug)]
+pub struct Staged {
+    temp: TempFile,
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// Streams `body` into a new temp file, hashing as it goes; more than `limit` bytes is a 413.
+pub async fn stage<E: std::fmt::Display>(
+    paths: &BlobPaths,
+    mut body: impl Stream<Item = Result<Bytes, E>> + Unpin,
+    limit: u64,
+) -> ApiResult<Staged> {
+    let temp = paths.new_temp();
+    let mut file = tokio::fs::File::create(&temp.path).await?;
+    let mut hasher = Sha256::new();
+    let mut size: u64 = 0;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("Could not read the upload: {e}")))?;
+        size += chunk.len() as u64;
+        if size > limit {
+            return Err(too_large(limit));
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await?;
+    }
+    file.flush().await?;
+    file.sync_all().await?;
+    Ok(Staged { temp, sha256: hex::encode(hasher.finalize()), size })
+}
+
+pub fn too_large(limit: u64) -> ApiError {
+    ApiError::new(ErrorCode::PayloadTooLarge, format!("Attachment exceeds {limit} bytes"))
+}
+
+pub struct AttachmentStore {
+    pool: Pool,
+    change_log: Addr<ChangeLog>,
+    paths: BlobPaths,
+    resizes: Arc<Semaphore>,
+}
+
+impl AttachmentStore {
+    /// Creates the folders (start-up, so a failure stops the server with a clear message).
+    pub fn new(pool: Pool, change_log: Addr<ChangeLog>, root: &Path) -> anyhow::Result<Self> {
+        let paths = BlobPaths::new(root);
+        paths.create_dirs().map_err(|e| anyhow::anyhow!("ATTACHMENTS_PATH: {}: {e}", root.display()))?;
+        Ok(AttachmentStore {
+            pool,
+            change_log,
+            paths,
+            resizes: Arc::new(Semaphore::new(MAX_CONCURRENT_RESIZES)),
+        })
+    }
+
+    pub fn paths(&self) -> BlobPaths {
+        self.paths.clone()
+    }
+}
+
+impl Actor for AttachmentStore {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let tmp = self.paths.tmp_dir();
+        ctx.run_interval(Duration::from_secs(3600), move |_, _| {
+            let tmp = tmp.clone();
+            actix::spawn(async move {
+                let _ = tokio::task::spawn_blocking(move || sweep_temp(&tmp, STALE_TEMP_AGE)).await;
+            });
+        });
+        let tmp = self.paths.tmp_dir();
+        actix::spawn(async move {
+            let _ = tokio::task::spawn_blocking(move || sweep_temp(&tmp, STALE_TEMP_AGE)).await;
+        });
+    }
+}
+
+/// Deletes temp files untouched for `age`; returns how many went.
+pub fn sweep_temp(tmp: &Path, age: Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(tmp) else { return 0 };
+    let now = SystemTime::now();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let stale = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .map(|t| now.duration_since(t).unwrap_or_default() >= age)
+            .unwrap_or(false);
+        if stale && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::info!(removed, "removed stale attachment temp files");
+    }
+    removed
+}
+
+/// Moves a staged upload into place and records it (API.md 10.2).
+#[derive(Message)]
+#[rtype(result = "ApiResult<AttachmentCommit>")]
+pub struct Store {
+    pub staged: Staged,
+    pub id: String,
+    pub content_type: String,
+    pub uploaded_by: String,
+    pub client_id: Option<String>,
+}
+
+impl Handler<Store> for AttachmentStore {
+    type Result = ResponseFuture<ApiResult<AttachmentCommit>>;
+
+    fn handle(&mut self, msg: Store, _: &mut Self::Context) -> Self::Result {
+        let (pool, change_log, paths) = (self.pool.clone(), self.change_log.clone(), self.paths.clone());
+        Box::pin(async move {
+            // Answers the common retry without touching the blob store; the ChangeLog commit below
+            // still decides every race.
+            let existing = attachments::find(&pool.get().await?, &msg.id).await?;
+            if let Some(row) = existing {
+                return if row.sha256 == msg.staged.sha256 {
+                    Ok(AttachmentCommit { row, created: false })
+                } else {
+                    Err(ApiError::of(ErrorCode::AttachmentExists))
+                };
+            }
+            let Store { staged, id, content_type, uploaded_by, client_id } = msg;
+            let dest = paths.blob(&staged.sha256);
+            let temp = staged.temp;
+            actix_web::web::block(move || temp.persist(&dest)).await??;
+            let new = NewAttachment {
+                id,
+                sha256: staged.sha256,
+                size: staged.size as i64,
+                content_type,
+                uploaded_by,
+                client_id,
+            };
+            change_log
+                .send(CommitAttachment(new))
+                .await
+                .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))?
+        })
+    }
+}
+
+/// A resized copy of an image attachment, made once and kept on disk. `None` means "serve the
+/// original": not an image, already small enough, or not decodable.
+#[derive(Message)]
+#[rtype(result = "ApiResult<Option<PathBuf>>")]
+pub struct Variant {
+    pub sha256: String,
+    pub quality: Quality,
+}
+
+impl Handler<Variant> for AttachmentStore {
+    type Result = ResponseFuture<ApiResult<Option<PathBuf>>>;
+
+    fn handle(&mut self, msg: Variant, _: &mut Self::Context) -> Self::Result {
+        let (paths, resizes) = (self.paths.clone(), self.resizes.clone());
+        Box::pin(async move {
+            let dest = paths.variant(&msg.sha256, msg.quality);
+            if tokio::fs::try_exists(&dest).await.unwrap_or(false) {
+                return Ok(Some(dest));
+            }
+            let _permit = resizes.acquire_owned().await.map_err(ApiError::internal)?;
+            // Whoever held the permit before may have just made the same variant.
+            if tokio::fs::try_exists(&dest).await.unwrap_or(false) {
+                return Ok(Some(dest));
+            }
+            let source = paths.blob(&msg.sha256);
+            let temp = paths.new_temp();
+            let quality = msg.quality;
+            let made = actix_web::web::block(move || make_variant(&source, temp, &dest, quality)).await?;
+            Ok(made.unwrap_or_else(|e| {
+                tracing::warn!(sha256 = %msg.sha256, error = %e, "image variant not made; serving the original");
+                None
+            }))
+        })
+    }
+}
+
+fn make_variant(
+    source: &Path,
+    temp: TempFile,
+    dest: &Path,
+    quality: Quality,
+) -> Result<Option<PathBuf>, image::ImageError> {
+    use image::{ImageFormat, ImageReader};
+    let open = || -> Result<_, image::ImageError> {
+        let mut reader =
+            ImageReader::new(BufReader::new(std::fs::File::open(source)?)).with_guessed_format()?;
+        let mut limits = image::Limits::default();
+        limits.max_image_width = Some(MAX_IMAGE_SIDE);
+        limits.max_image_height = Some(MAX_IMAGE_SIDE);
+        reader.limits(limits);
+        Ok(reader)
+    };
+    let reader = open()?;
+    let format = reader.format();
+    if !matches!(format, Some(ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::WebP | ImageFormat::Gif)) {
+        return Ok(None);
+    }
+    let (width, height) = reader.into_dimensions()?;
+    let Some((w, h)) = scaled_size(width, height, quality.max_side()) else {
+        return Ok(None);
+    };
+    let resized = open()?.decode()?.resize_exact(w, h, image::imageops::FilterType::Triangle);
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&temp.path)?);
+    match format {
+        Some(ImageFormat::Jpeg) => {
+            let encoder = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 85);
+            resized.to_rgb8().write_with_encoder(encoder)?;
+        }
+        Some(f) => resized.write_to(&mut out, f)?,
+        None => return Ok(None),
+    }
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    drop(file);
+    temp.persist(dest)?;
+    Ok(Some(dest.to_path_buf()))
+}
+
+/// A ZIP (stored, not compressed: attachments are mostly already-compressed media) of `rows`,
+/// written on a blocking thread and streamed through a small bounded channel, so memory does not
+/// depend on the attachments' sizes. A failure mid-way ends the stream with an error, which
+/// aborts the response instead of sending a truncated archive that looks complete.
+pub fn zip_stream(
+    paths: BlobPaths,
+    rows: Vec<AttachmentRow>,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let errors = tx.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = write_zip(&paths, &rows, ChannelWriter::new(tx)) {
+            tracing::warn!(error = %e, "attachment ZIP export stopped");
+            let _ = errors.blocking_send(Err(std::io::Error::other("export failed")));
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
+}
+
+fn write_zip(paths: &BlobPaths, rows: &[AttachmentRow], out: ChannelWriter) -> zip::result::ZipResult<()> {
+    use zip::write::SimpleFileOptions;
+    let mut zip = zip::ZipWriter::new_stream(out);
+    for row in rows {
+        let options = SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .large_file(row.size >= i64::from(u32::MAX));
+        zip.start_file(row.id.as_str(), options)?;
+        let mut file = std::fs::File::open(paths.blob(&row.sha256))?;
+        std::io::copy(&mut file, &mut zip)?;
+    }
+    let mut out = zip.finish()?.into_inner();
+    out.flush()?;
+    Ok(())
+}
+
+/// `std::io::Write` into a bounded channel in 64 KiB pieces; a gone receiver (the client hung up)
+/// turns into a write error that stops the writer.
+struct ChannelWriter {
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+    buf: Vec<u8>,
+}
+
+const CHUNK: usize = 64 * 1024;
+
+impl ChannelWriter {
+    fn new(tx: mpsc::Sender<Result<Bytes, std::io::Error>>) -> Self {
+        ChannelWriter { tx, buf: Vec::with_capacity(CHUNK) }
+    }
+
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))
+    }
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            self.send()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_removes_only_stale_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = dir.path().join("old.part");
+        let fresh = dir.path().join("fresh.part");
+        std::fs::write(&old, b"x").expect("write");
+        std::fs::write(&fresh, b"y").expect("write");
+        let past = SystemTime::now() - Duration::from_secs(3600);
+        std::fs::File::options().write(true).open(&old).expect("open").set_modified(past).expect("mtime");
+        assert_eq!(sweep_temp(dir.path(), STALE_TEMP_AGE), 1);
+        assert!(!old.exists());
+        assert!(fresh.exists());
+    }
+
+    #[test]
+    fn temp_files_vanish_unless_persisted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = BlobPaths::new(dir.path());
+        paths.create_dirs().expect("dirs");
+        let dropped = paths.new_temp();
+        std::fs::write(&dropped.path, b"a").expect("write");
+        let dropped_path = dropped.path.clone();
+        drop(dropped);
+        assert!(!dropped_path.exists());
+        let kept = paths.new_temp();
+        std::fs::write(&kept.path, b"b").expect("write");
+        let dest = paths.blob("abcdef");
+        kept.persist(&dest).expect("persist");
+        assert_eq!(std::fs::read(&dest).expect("read"), b"b");
+        assert_eq!(std::fs::read_dir(paths.tmp_dir()).expect("tmp").count(), 0);
+    }
+}

@@ -1,0 +1,471 @@
+//! Attachments (API.md 10 and 17.7): uploads are staged here and handed to the AttachmentStore
+//! actor; downloads, manifests and the ZIP export read the pool and the blob store directly.
+
+use std::path::{Path, PathBuf};
+
+use actix_multipart::Multipart;
+use actix_web::body::SizedStream;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{web, HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+use crate::actors::attachment_store::{self, BlobPaths, Staged, Store, Variant};
+use crate::actors::change_log::AttachmentCommit;
+use crate::db::attachments::{self, AttachmentRow};
+use crate::domain::attachment::{self as rules, Quality, RangeAnswer};
+use crate::domain::role::Role;
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::extract::{path_param, state, Auth, Fields, JsonBody};
+use crate::http::sync::{current_generation, query_pairs, report_sync};
+use crate::state::AppState;
+
+/// Room for multipart boundaries and part headers when checking Content-Length against the limit.
+const MULTIPART_OVERHEAD: u64 = 64 * 1024;
+const CACHE_CONTROL: &str = "private, max-age=31536000, immutable";
+
+fn blob_paths(st: &AppState) -> BlobPaths {
+    BlobPaths::new(&st.config.attachments_path)
+}
+
+fn declared_length(req: &HttpRequest) -> Option<u64> {
+    req.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
+}
+
+fn header_str<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+fn is_multipart(req: &HttpRequest) -> bool {
+    header_str(req, "content-type")
+        .is_some_and(|t| t.trim().to_ascii_lowercase().starts_with("multipart/form-data"))
+}
+
+/// The file part of a multipart upload and what came with it.
+struct MultipartUpload {
+    staged: Staged,
+    content_type: Option<String>,
+    filename: Option<String>,
+    attachment_id: Option<String>,
+}
+
+/// Reads a multipart body: the part named `file`, else the only part carrying a filename, plus an
+/// optional `attachment_id` text field. Other parts are read and dropped (counted against the limit).
+async fn read_multipart(
+    req: &HttpRequest,
+    payload: web::Payload,
+    paths: &BlobPaths,
+    limit: u64,
+) -> ApiResult<MultipartUpload> {
+    let malformed =
+        |e: actix_multipart::MultipartError| ApiError::bad_request(format!("Malformed multipart body: {e}"));
+    let mut parts = Multipart::new(req.headers(), payload);
+    let mut named: Option<MultipartUpload> = None;
+    let mut only: Option<MultipartUpload> = None;
+    let mut unnamed_files = 0;
+    let mut attachment_id = None;
+    let mut discarded: u64 = 0;
+    while let Some(field) = parts.next().await {
+        let mut field = field.map_err(malformed)?;
+        let name = field.name().unwrap_or("").to_string();
+        let filename = field.content_disposition().and_then(|cd| cd.get_filename()).map(str::to_string);
+        let content_type = field.content_type().map(|m| m.to_string());
+        if name == "file" && named.is_none() {
+            let staged = attachment_store::stage(paths, &mut field, limit).await?;
+            named = Some(MultipartUpload { staged, content_type, filename, attachment_id: None });
+            continue;
+        }
+        if name == "attachment_id" && filename.is_none() {
+            attachment_id = Some(read_text(&mut field).await?);
+            continue;
+        }
+        if filename.is_some() && named.is_none() {
+            unnamed_files += 1;
+            if unnamed_files == 1 {
+                let staged = attachment_store::stage(paths, &mut field, limit).await?;
+                only = Some(MultipartUpload { staged, content_type, filename, attachment_id: None });
+                continue;
+            }
+            only = None;
+        }
+        // A field must not be polled once it has ended, so only parts nobody read are drained.
+        while let Some(chunk) = field.next().await {
+            discarded += chunk.map_err(malformed)?.len() as u64;
+            if discarded > limit {
+                return Err(attachment_store::too_large(limit));
+            }
+        }
+    }
+    let file = named.or(if unnamed_files == 1 { only } else { None });
+    let mut upload = file.ok_or_else(|| {
+        ApiError::bad_request("Multipart body has no file part (expected a part named 'file')")
+            .with_path("file")
+    })?;
+    upload.attachment_id = attachment_id;
+    Ok(upload)
+}
+
+/// A short text field (`attachment_id`).
+async fn read_text(field: &mut actix_multipart::Field) -> ApiResult<String> {
+    let mut text = Vec::new();
+    while let Some(chunk) = field.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("Malformed multipart body: {e}")))?;
+        text.extend_from_slice(&chunk);
+        if text.len() > rules::MAX_ID_BYTES * 4 {
+            return Err(ApiError::bad_request("Invalid attachment id: it must be 1 to 512 bytes long"));
+        }
+    }
+    String::from_utf8(text).map_err(|_| ApiError::bad_request("'attachment_id' must be UTF-8 text"))
+}
+
+fn check_declared_length(req: &HttpRequest, limit: u64, overhead: u64) -> ApiResult<()> {
+    match declared_length(req) {
+        Some(n) if n > limit.saturating_add(overhead) => Err(attachment_store::too_large(limit)),
+        _ => Ok(()),
+    }
+}
+
+async fn store(
+    st: &AppState,
+    req: &HttpRequest,
+    caller: String,
+    id: String,
+    staged: Staged,
+    declared_type: Option<&str>,
+) -> ApiResult<HttpResponse> {
+    let content_type = rules::content_type(declared_type, &id);
+    let client_id = header_str(req, "x-ode-client-id").map(str::trim).filter(|s| !s.is_empty());
+    let generation = current_generation(&st.pool.get().await?, req, &Value::Null).await?;
+    let commit = st
+        .actors
+        .attachments
+        .send(Store {
+            staged,
+            id,
+            content_type,
+            uploaded_by: caller,
+            client_id: client_id.map(str::to_string),
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("attachment store unavailable: {e}")))??;
+    let mut answer = upload_answer(&commit);
+    answer["repository_generation"] = generation.into();
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+fn upload_answer(commit: &AttachmentCommit) -> Value {
+    let row = &commit.row;
+    json!({
+        "status": "success",
+        "attachment_id": row.id,
+        "size": row.size,
+        "content_type": row.content_type,
+        "sha256": row.sha256,
+        "change_id": row.change_id,
+        "created": commit.created,
+        "created_at": crate::domain::time::format(row.created_at),
+    })
+}
+
+/// `PUT /attachments/{id}`: a raw body, or a multipart `file` part.
+pub async fn upload_put(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    payload: web::Payload,
+) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadWrite)?;
+    let st = state(&req)?;
+    let id = path_param(&req, "id")?;
+    rules::validate_id(&id)?;
+    let limit = st.config.max_attachment_bytes;
+    let paths = blob_paths(st);
+    if is_multipart(&req) {
+        check_declared_length(&req, limit, MULTIPART_OVERHEAD)?;
+        let upload = read_multipart(&req, payload, &paths, limit).await?;
+        store(st, &req, caller.username, id, upload.staged, upload.content_type.as_deref()).await
+    } else {
+        check_declared_length(&req, limit, 0)?;
+        let staged = attachment_store::stage(&paths, payload, limit).await?;
+        let declared = header_str(&req, "content-type").map(str::to_string);
+        store(st, &req, caller.username, id, staged, declared.as_deref()).await
+    }
+}
+
+/// `POST /attachments`: multipart with the file part and an optional `attachment_id`.
+pub async fn upload_post(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    payload: web::Payload,
+) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadWrite)?;
+    let st = state(&req)?;
+    if !is_multipart(&req) {
+        return Err(ApiError::bad_request("POST /attachments needs a multipart/form-data body"));
+    }
+    let limit = st.config.max_attachment_bytes;
+    check_declared_length(&req, limit, MULTIPART_OVERHEAD)?;
+    let upload = read_multipart(&req, payload, &blob_paths(st), limit).await?;
+    let id = match upload.attachment_id.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        Some(id) => id.to_string(),
+        None => upload.filename.as_deref().and_then(rules::id_from_filename).ok_or_else(|| {
+            ApiError::bad_request("Give 'attachment_id' or a filename on the file part")
+                .with_path("attachment_id")
+        })?,
+    };
+    rules::validate_id(&id)?;
+    store(st, &req, caller.username, id, upload.staged, upload.content_type.as_deref()).await
+}
+
+async fn find(st: &AppState, id: &str) -> ApiResult<AttachmentRow> {
+    let db = st.pool.get().await?;
+    attachments::find(&db, id).await?.ok_or_else(|| ApiError::not_found("Attachment not found"))
+}
+
+/// `GET`/`HEAD /attachments/{id}`, optionally a resized image variant.
+pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let id = path_param(&req, "id")?;
+    rules::validate_id(&id)?;
+    let row = find(st, &id).await?;
+    let paths = blob_paths(st);
+    let quality =
+        rules::requested_quality(&query_pairs(&req)).filter(|_| rules::is_resizable(&row.content_type));
+    let variant = match quality {
+        Some(q) => variant(st, &row, q).await?,
+        None => None,
+    };
+    let (path, etag) = match variant {
+        Some((path, q)) => (path, rules::etag(&row.sha256, Some(q))),
+        None => (paths.blob(&row.sha256), rules::etag(&row.sha256, None)),
+    };
+    serve_file(&req, &path, &etag, &row).await
+}
+
+async fn variant(
+    st: &AppState,
+    row: &AttachmentRow,
+    quality: Quality,
+) -> ApiResult<Option<(PathBuf, Quality)>> {
+    let made = st
+        .actors
+        .attachments
+        .send(Variant { sha256: row.sha256.clone(), quality })
+        .await
+        .map_err(|e| ApiError::internal(format!("attachment store unavailable: {e}")))??;
+    Ok(made.map(|p| (p, quality)))
+}
+
+/// Streams `path` with conditional and range handling (API.md 10.3); memory stays flat.
+async fn serve_file(
+    req: &HttpRequest,
+    path: &Path,
+    etag: &str,
+    row: &AttachmentRow,
+) -> ApiResult<HttpResponse> {
+    let gone = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ApiError::not_found("Attachment not found")
+        } else {
+            ApiError::internal(e)
+        }
+    };
+    let mut file = tokio::fs::File::open(path).await.map_err(gone)?;
+    let size = file.metadata().await?.len();
+    if rules::none_match(header_str(req, "if-none-match"), etag) {
+        return Ok(HttpResponse::NotModified()
+            .insert_header((header::ETAG, etag))
+            .insert_header((header::CACHE_CONTROL, CACHE_CONTROL))
+            .finish());
+    }
+    let range = if rules::if_range_allows(header_str(req, "if-range"), etag) {
+        rules::parse_range(header_str(req, "range"), size)
+    } else {
+        RangeAnswer::Full
+    };
+    let mut res = match range {
+        RangeAnswer::Unsatisfiable => {
+            return Err(ApiError::of(ErrorCode::RangeNotSatisfiable)
+                .with_header(header::CONTENT_RANGE, format!("bytes */{size}")))
+        }
+        RangeAnswer::Full => HttpResponse::Ok(),
+        RangeAnswer::Partial { start, end } => {
+            let mut res = HttpResponse::PartialContent();
+            res.insert_header((header::CONTENT_RANGE, format!("bytes {start}-{end}/{size}")));
+            res
+        }
+    };
+    let (start, len) = match range {
+        RangeAnswer::Partial { start, end } => (start, end - start + 1),
+        _ => (0, size),
+    };
+    if start > 0 {
+        file.seek(std::io::SeekFrom::Start(start)).await?;
+    }
+    let body = tokio_util::io::ReaderStream::with_capacity(file.take(len), 64 * 1024);
+    let content_type = HeaderValue::from_str(&row.content_type)
+        .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
+    res.insert_header((header::CONTENT_TYPE, content_type))
+        .insert_header((header::ETAG, etag))
+        .insert_header((header::ACCEPT_RANGES, "bytes"))
+        .insert_header((header::CONTENT_DISPOSITION, rules::content_disposition(&row.id)))
+        .insert_header((header::CACHE_CONTROL, CACHE_CONTROL));
+    Ok(res.body(SizedStream::new(len, body)))
+}
+
+fn operations_cursor(pairs: &[(String, String)]) -> ApiResult<Cursor> {
+    let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.trim());
+    match (get("after_change_id"), get("since")) {
+        (Some(_), Some(_)) => {
+            Err(ApiError::bad_request("Give either 'after_change_id' or 'since', not both")
+                .with_path("?since"))
+        }
+        (Some(raw), None) => match raw.parse::<i64>() {
+            Ok(n) if n >= 0 => Ok(Cursor::After(n)),
+            _ => Err(ApiError::bad_request("'after_change_id' must be an integer >= 0")
+                .with_path("?after_change_id")),
+        },
+        (None, Some(raw)) => crate::domain::time::parse_rfc3339(raw).map(Cursor::Since).ok_or_else(|| {
+            ApiError::bad_request("'since' must be an RFC 3339 timestamp").with_path("?since")
+        }),
+        (None, None) => Ok(Cursor::After(0)),
+    }
+}
+
+enum Cursor {
+    After(i64),
+    Since(chrono::DateTime<chrono::Utc>),
+}
+
+/// `GET /attachments/manifest` (the interface specification's shape).
+pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let cursor = operations_cursor(&query_pairs(&req))?;
+    let db = st.pool.get().await?;
+    let generation = current_generation(&db, &req, &Value::Null).await?;
+    let (head, rows) = match cursor {
+        Cursor::After(n) => attachments::changes_after(&db, n).await?,
+        Cursor::Since(t) => attachments::changes_since(&db, t).await?,
+    };
+    let operations: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({"attachment_id": r.id, "operation": "upload", "change_id": r.change_id, "size": r.size,
+                   "content_type": r.content_type})
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "operations": operations,
+        "change_cutoff": head,
+        "repository_generation": generation,
+    })))
+}
+
+/// `POST /attachments/manifest` (the Synkronus 1.0 shape Formulus reads).
+pub async fn manifest_post(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    JsonBody(body): JsonBody,
+) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let fields = Fields::of(&body)?;
+    let client_id = fields.req_str(&["client_id", "clientId"])?;
+    let since = match fields.get("since_version").or_else(|| fields.get("sinceVersion")) {
+        None | Some(Value::Null) => 0,
+        Some(v) => v.as_i64().filter(|n| *n >= 0).ok_or_else(|| {
+            ApiError::bad_request("'since_version' must be an integer >= 0").with_path("/since_version")
+        })?,
+    };
+    let db = st.pool.get().await?;
+    let generation = current_generation(&db, &req, &body).await?;
+    let (head, rows) = attachments::changes_after(&db, since).await?;
+    report_sync(&req, st, &caller.username, client_id, since);
+    let base = format!("{}{}/attachments/", public_base(&req, st), route_prefix(&req));
+    let total: i64 = rows.iter().map(|r| r.size).sum();
+    let operations: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({"operation": "download", "attachment_id": r.id,
+                   "download_url": format!("{base}{}", rules::encode_segment(&r.id)),
+                   "size": r.size, "content_type": r.content_type, "version": r.change_id})
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "current_version": head,
+        "operations": operations,
+        "total_download_size": total,
+        "operation_count": {"download": rows.len(), "delete": 0},
+        "repository_generation": generation,
+    })))
+}
+
+/// The externally visible base URL (API.md 10.6): PUBLIC_URL, else the forwarding headers, else
+/// the request's own scheme and Host.
+fn public_base(req: &HttpRequest, st: &AppState) -> String {
+    if let Some(url) = &st.config.public_url {
+        return url.trim_end_matches('/').to_string();
+    }
+    let first = |name: &str| {
+        header_str(req, name)
+            .and_then(|v| v.split(',').next())
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic()))
+    };
+    let proto = match first("x-forwarded-proto").map(str::to_ascii_lowercase) {
+        Some(p) if p == "https" || p == "http" => p,
+        _ => req.connection_info().scheme().to_string(),
+    };
+    let host = first("x-forwarded-host")
+        .or_else(|| first("host"))
+        .map(str::to_string)
+        .unwrap_or_else(|| req.connection_info().host().to_string());
+    let prefix = first("x-forwarded-prefix").map(|p| p.trim_matches('/')).filter(|p| !p.is_empty());
+    match prefix {
+        Some(p) => format!("{proto}://{host}/{p}"),
+        None => format!("{proto}://{host}"),
+    }
+}
+
+/// The route prefix this request came in under: none, `/api` or `/api/v1`.
+fn route_prefix(req: &HttpRequest) -> &'static str {
+    let path = req.path();
+    if path.starts_with("/api/v1/") {
+        "/api/v1"
+    } else if path.starts_with("/api/") {
+        "/api"
+    } else {
+        ""
+    }
+}
+
+/// `GET /attachments/export-zip` (17.7): every attachment, entry name = id, streamed.
+pub async fn export_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let (_, rows) = attachments::changes_after(&st.pool.get().await?, 0).await?;
+    let stream = attachment_store::zip_stream(blob_paths(st), rows);
+    Ok(HttpResponse::Ok()
+        .content_type("application/zip")
+        .insert_header((header::CONTENT_DISPOSITION, "attachment; filename=\"attachments.zip\""))
+        .streaming(stream))
+}
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    use crate::http::routing::{get, resource};
+    // Literal routes first: they win over the id pattern, which spans `/` (17.7).
+    cfg.service(
+        resource("/attachments/manifest", "GET, HEAD, POST")
+            .route(web::post().to(manifest_post))
+            .route(get().to(manifest_get)),
+    )
+    .service(resource("/attachments/export-zip", "GET, HEAD").route(get().to(export_zip)))
+    .service(resource("/attachments", "POST").route(web::post().to(upload_post)))
+    .service(
+        resource("/attachments/{id:.+}", "GET, HEAD, PUT")
+            .route(get().to(download))
+            .route(web::put().to(upload_put)),
+    );
+}
