@@ -151,7 +151,9 @@ impl AuthService {
         user_id: Uuid,
         pool: &deadpool_postgres::Pool,
     ) -> ApiResult<CachedCheck> {
-        if let Some(hit) = self.checks.get(jti) {
+        // Keyed by user as well: the jti alone would let a cached check vouch for another `sub`.
+        let key = cache_key(user_id, jti);
+        if let Some(hit) = self.checks.get(&key) {
             if hit.fetched.elapsed() < REVOCATION_CACHE_TTL {
                 return Ok(*hit);
             }
@@ -168,14 +170,14 @@ impl AuthService {
         if self.checks.len() > 100_000 {
             self.checks.retain(|_, c| c.fetched.elapsed() < REVOCATION_CACHE_TTL);
         }
-        self.checks.insert(jti.to_string(), check);
+        self.checks.insert(key, check);
         Ok(check)
     }
 
     /// Makes a logout effective in this process at once (other processes within the cache TTL).
-    pub fn forget_token(&self, jti: &str) {
+    pub fn forget_token(&self, user_id: Uuid, jti: &str) {
         self.checks.insert(
-            jti.to_string(),
+            cache_key(user_id, jti),
             CachedCheck { generation: None, revoked: true, fetched: Instant::now() },
         );
     }
@@ -202,6 +204,10 @@ impl AuthService {
             .map_err(ApiError::internal)?;
         Ok(known && ok)
     }
+}
+
+fn cache_key(user_id: Uuid, jti: &str) -> String {
+    format!("{user_id}/{jti}")
 }
 
 /// A new refresh token: the opaque value for the client and the hash we store.

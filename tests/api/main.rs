@@ -1,4 +1,8 @@
 //! Black-box tests: the real server on a random port against a real PostgreSQL.
 mod helpers;
 
-mod foundation;
+mod auth;
+mod cli;
+mod conventions;
+mod health;
+mod users;
