@@ -171,7 +171,8 @@ pub struct ApiError {
     pub extra: Map<String, Value>,
     pub headers: Vec<(header::HeaderName, String)>,
     /// Logged at error level when the response is built; never sent.
-    pub cause: Option<String>,
+    /// Boxed to keep `ApiError` small: it rides in every `Result` of the request path.
+    pub cause: Option<Box<str>>,
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
@@ -207,14 +208,14 @@ impl ApiError {
     /// An unexpected failure: the cause goes to the log, the client sees a generic 500.
     pub fn internal(cause: impl std::fmt::Display) -> Self {
         let mut e = Self::of(ErrorCode::Internal);
-        e.cause = Some(cause.to_string());
+        e.cause = Some(cause.to_string().into());
         e
     }
 
     /// The database is unreachable: 503 with Retry-After so clients back off and retry.
     pub fn unavailable(cause: impl std::fmt::Display) -> Self {
         let mut e = Self::of(ErrorCode::ServiceUnavailable);
-        e.cause = Some(cause.to_string());
+        e.cause = Some(cause.to_string().into());
         e.with_header(header::RETRY_AFTER, "5")
     }
 

@@ -60,6 +60,31 @@ async fn descriptor_health_ready_versions() {
 }
 
 #[actix_web::test]
+async fn ready_reflects_startup_and_the_server_stops_gracefully() {
+    let app = TestApp::spawn().await;
+    assert!(app.base.ends_with(&format!(":{}", app.port)));
+    // Startup prepared the data root before the listener opened.
+    for dir in ["app-bundles", "attachments"] {
+        assert!(app.data_root.path().join(dir).is_dir(), "{dir}");
+    }
+    assert!(app.state.is_ready());
+    app.state.ready.store(false, std::sync::atomic::Ordering::Release);
+    let res = app.send(Method::GET, "/ready", None, None).await;
+    assert_eq!(res.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("5"));
+    let status = res.status();
+    let body: Value = res.json().await.expect("json");
+    assert_error(status, &body, 503, "SERVICE_UNAVAILABLE");
+    // Liveness is not readiness.
+    assert_eq!(app.call(Method::GET, "/health", None, None).await.0, StatusCode::OK);
+    app.state.ready.store(true, std::sync::atomic::Ordering::Release);
+    assert_eq!(app.call(Method::GET, "/ready", None, None).await.0, StatusCode::OK);
+
+    app.handle.stop(true).await;
+    let refused = app.client.get(app.url("/health")).timeout(Duration::from_secs(3)).send().await;
+    assert!(refused.is_err(), "still serving after stop");
+}
+
+#[actix_web::test]
 async fn version_at_every_prefix_ignores_tokens() {
     let app = TestApp::spawn().await;
     let db_name = app.db_conn.split_whitespace().find_map(|kv| kv.strip_prefix("dbname=")).expect("dbname");
@@ -197,7 +222,7 @@ async fn health_is_503_while_the_database_is_unreachable_and_recovers_by_itself(
     assert_eq!(body["version"], VERSION);
     assert_utc_timestamp(&body["timestamp"]);
     // No internals in the message.
-    assert!(!body["message"].as_str().unwrap_or("").contains(&db_name), "{body}");
+    assert!(!body["message"].as_str().unwrap_or("").contains(db_name), "{body}");
 
     // Every other route answers promptly too: 503 where the database is needed, never 500 or a hang.
     for path in ["/api/health", "/ready", "/auth/me", "/users", "/status"] {
