@@ -283,3 +283,212 @@ fn absolute(path: &std::path::Path) -> PathBuf {
         std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.to_path_buf())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    fn load(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut env: HashMap<String, String> =
+            [("JWT_SECRET", SECRET), ("DB_CONNECTION", "postgres://u:p@localhost:5432/db")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        for (k, v) in pairs {
+            env.insert(k.to_string(), v.to_string());
+        }
+        Config::from_lookup(|k| env.get(k).cloned())
+    }
+
+    fn load_without(var: &str) -> Result<Config, ConfigError> {
+        let env: HashMap<&str, &str> =
+            [("JWT_SECRET", SECRET)].into_iter().filter(|(k, _)| *k != var).collect();
+        Config::from_lookup(|k| env.get(k).map(|v| v.to_string()))
+    }
+
+    /// The value is refused, and the one-line message names the variable.
+    fn refused(pairs: &[(&str, &str)], var: &str) {
+        let err = load(pairs).expect_err(&format!("{pairs:?} should be refused"));
+        assert_eq!(err.var, var, "{err}");
+        let line = err.to_string();
+        assert!(line.starts_with(&format!("{var}: ")), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+    }
+
+    #[test]
+    fn defaults() {
+        let c = load_without("DB_CONNECTION").expect("defaults");
+        assert_eq!(c.port, 8080);
+        assert_eq!(c.bind_address, IpAddr::from([0, 0, 0, 0]));
+        assert!(
+            matches!(&c.database, DatabaseConfig::Embedded { pg_run_as, pg_bin_dir: None } if pg_run_as == "postgres")
+        );
+        assert_eq!(c.db_pool_size, 16);
+        assert_eq!(c.jwt_secret, SECRET.as_bytes());
+        assert_eq!(c.jwt_ttl, Duration::from_secs(3600));
+        assert_eq!(c.refresh_ttl, Duration::from_secs(2_592_000));
+        assert_eq!(c.log_level, "info");
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert!(c.data_root.is_absolute() && c.data_root.ends_with("data"));
+        assert_eq!(c.app_bundle_path, c.data_root.join("app-bundles"));
+        assert_eq!(c.attachments_path, c.data_root.join("attachments"));
+        assert_eq!(c.max_versions_kept, 5);
+        assert_eq!(c.admin_username, "admin");
+        assert_eq!(c.admin_password, "admin");
+        assert!(c.uses_default_admin_password());
+        assert_eq!(c.public_url, None);
+        assert!(c.trusted_proxies.is_empty());
+        assert_eq!(c.cors_allowed_origins, ["*"]);
+        assert_eq!(c.max_json_body_bytes, 33_554_432);
+        assert_eq!(c.max_attachment_bytes, 67_108_864);
+        assert_eq!(c.record_validation, RecordValidation::Warn);
+        assert_eq!(c.rate_limit_login_per_min, 10);
+        assert_eq!(c.rate_limit_per_user_per_sec, 0);
+        assert_eq!(c.export_max_concurrent, 2);
+        assert_eq!(c.transmission_retention_days, 30);
+        assert_eq!(c.metrics_port, None);
+    }
+
+    #[test]
+    fn jwt_secret_is_required_and_at_least_32_bytes() {
+        let err = load_without("JWT_SECRET").expect_err("missing secret");
+        assert_eq!(err.var, "JWT_SECRET");
+        assert!(err.to_string().starts_with("JWT_SECRET: "));
+        refused(&[("JWT_SECRET", "")], "JWT_SECRET");
+        refused(&[("JWT_SECRET", &"x".repeat(31))], "JWT_SECRET");
+        // Bytes, not characters: 11 three-byte characters are 33 bytes.
+        assert!(load(&[("JWT_SECRET", &"€".repeat(11))]).is_ok());
+        assert!(load(&[("JWT_SECRET", &"x".repeat(32))]).is_ok());
+    }
+
+    #[test]
+    fn db_connection_accepts_urls_and_key_value_strings() {
+        for conn in [
+            "postgres://u:p@db.example:5432/synkronus?sslmode=disable",
+            "postgresql://u@localhost/synkronus?sslmode=require&connect_timeout=3",
+            "host=db user=u password=p dbname=synkronus sslmode=require",
+            "host=/var/run/postgresql user=u dbname=x connect_timeout=10 sslmode=prefer",
+        ] {
+            let c = load(&[("DB_CONNECTION", conn)]).unwrap_or_else(|e| panic!("{conn}: {e}"));
+            assert!(matches!(&c.database, DatabaseConfig::External(s) if s == conn));
+        }
+        for conn in
+            ["postgres://u@h:notaport/db", "host=db sslmode=sometimes", "host='unterminated", "nonsense"]
+        {
+            refused(&[("DB_CONNECTION", conn)], "DB_CONNECTION");
+        }
+        // Empty means unset: the embedded database.
+        let c = load(&[("DB_CONNECTION", "  "), ("PG_RUN_AS", "pg"), ("PG_BIN_DIR", "/opt/pg/bin")])
+            .expect("embedded");
+        assert!(matches!(&c.database, DatabaseConfig::Embedded { pg_run_as, pg_bin_dir: Some(d) }
+            if pg_run_as == "pg" && d == std::path::Path::new("/opt/pg/bin")));
+    }
+
+    #[test]
+    fn numbers_and_ranges() {
+        assert_eq!(load(&[("PORT", "65535")]).expect("port").port, 65535);
+        assert_eq!(load(&[("PORT", " 1 ")]).expect("port").port, 1);
+        for v in ["0", "65536", "-1", "http", ""] {
+            refused(&[("PORT", v)], "PORT");
+        }
+        for v in ["2", "100"] {
+            assert!(load(&[("DB_POOL_SIZE", v)]).is_ok());
+        }
+        for v in ["1", "0", "x"] {
+            refused(&[("DB_POOL_SIZE", v)], "DB_POOL_SIZE");
+        }
+        for var in ["JWT_TTL_SECONDS", "REFRESH_TTL_SECONDS"] {
+            assert!(load(&[(var, "1")]).is_ok());
+            for v in ["0", "-5", "1h", "1.5"] {
+                refused(&[(var, v)], var);
+            }
+        }
+        assert_eq!(load(&[("JWT_TTL_SECONDS", "86400")]).expect("ttl").jwt_ttl, Duration::from_secs(86400));
+        for v in ["0", "-1", "x"] {
+            refused(&[("MAX_VERSIONS_KEPT", v)], "MAX_VERSIONS_KEPT");
+        }
+        assert_eq!(load(&[("MAX_VERSIONS_KEPT", "1")]).expect("kept").max_versions_kept, 1);
+        for v in ["0", "big"] {
+            refused(&[("MAX_JSON_BODY_BYTES", v)], "MAX_JSON_BODY_BYTES");
+        }
+        refused(&[("MAX_ATTACHMENT_BYTES", "-1")], "MAX_ATTACHMENT_BYTES");
+        refused(&[("EXPORT_MAX_CONCURRENT", "0")], "EXPORT_MAX_CONCURRENT");
+        refused(&[("RATE_LIMIT_LOGIN_PER_MIN", "-1")], "RATE_LIMIT_LOGIN_PER_MIN");
+        refused(&[("RATE_LIMIT_PER_USER_PER_SEC", "lots")], "RATE_LIMIT_PER_USER_PER_SEC");
+        refused(&[("TRANSMISSION_RETENTION_DAYS", "-3")], "TRANSMISSION_RETENTION_DAYS");
+        assert_eq!(load(&[("RATE_LIMIT_LOGIN_PER_MIN", "0")]).expect("off").rate_limit_login_per_min, 0);
+        for v in ["0", "70000", "x"] {
+            refused(&[("METRICS_PORT", v)], "METRICS_PORT");
+        }
+        assert_eq!(load(&[("METRICS_PORT", "9100")]).expect("metrics").metrics_port, Some(9100));
+        assert_eq!(load(&[("METRICS_PORT", "")]).expect("metrics").metrics_port, None);
+    }
+
+    #[test]
+    fn enumerations() {
+        for v in ["trace", "debug", "info", "warn", "error", "WARN"] {
+            assert!(load(&[("LOG_LEVEL", v)]).is_ok(), "{v}");
+        }
+        refused(&[("LOG_LEVEL", "loud")], "LOG_LEVEL");
+        assert_eq!(load(&[("LOG_FORMAT", "JSON")]).expect("json").log_format, LogFormat::Json);
+        refused(&[("LOG_FORMAT", "xml")], "LOG_FORMAT");
+        for (v, expected) in [
+            ("off", RecordValidation::Off),
+            ("warn", RecordValidation::Warn),
+            ("Reject", RecordValidation::Reject),
+        ] {
+            assert_eq!(load(&[("RECORD_VALIDATION", v)]).expect("validation").record_validation, expected);
+        }
+        refused(&[("RECORD_VALIDATION", "strict")], "RECORD_VALIDATION");
+    }
+
+    #[test]
+    fn addresses_urls_proxies_and_origins() {
+        assert_eq!(
+            load(&[("BIND_ADDRESS", "::1")]).expect("v6").bind_address,
+            "::1".parse::<IpAddr>().unwrap()
+        );
+        refused(&[("BIND_ADDRESS", "localhost")], "BIND_ADDRESS");
+        let c = load(&[("PUBLIC_URL", "https://sync.example.org/synk/")]).expect("public url");
+        assert_eq!(c.public_url.as_deref(), Some("https://sync.example.org/synk"));
+        assert_eq!(load(&[("PUBLIC_URL", "")]).expect("empty").public_url, None);
+        refused(&[("PUBLIC_URL", "sync.example.org")], "PUBLIC_URL");
+        let c = load(&[("TRUSTED_PROXIES", "10.0.0.0/8, 192.168.1.1 ,,::1")]).expect("proxies");
+        assert_eq!(c.trusted_proxies.len(), 3);
+        assert!(c.trusted_proxies[1].contains(&"192.168.1.1".parse::<IpAddr>().unwrap()));
+        refused(&[("TRUSTED_PROXIES", "10.0.0.0/33")], "TRUSTED_PROXIES");
+        refused(&[("TRUSTED_PROXIES", "proxy.local")], "TRUSTED_PROXIES");
+        let c =
+            load(&[("CORS_ALLOWED_ORIGINS", "https://a.example/, https://b.example ,")]).expect("origins");
+        assert_eq!(c.cors_allowed_origins, ["https://a.example", "https://b.example"]);
+    }
+
+    #[test]
+    fn paths_and_admin() {
+        let c = load(&[("DATA_ROOT", "/srv/synk"), ("ATTACHMENTS_PATH", "/mnt/att")]).expect("paths");
+        assert_eq!(c.data_root, PathBuf::from("/srv/synk"));
+        assert_eq!(c.app_bundle_path, PathBuf::from("/srv/synk/app-bundles"));
+        assert_eq!(c.attachments_path, PathBuf::from("/mnt/att"));
+        let c = load(&[("APP_BUNDLE_PATH", "bundles")]).expect("relative");
+        assert!(c.app_bundle_path.is_absolute() && c.app_bundle_path.ends_with("bundles"));
+
+        let c = load(&[("ADMIN_USERNAME", "boss"), ("ADMIN_PASSWORD", "pw")]).expect("admin");
+        assert_eq!((c.admin_username.as_str(), c.admin_password.as_str()), ("boss", "pw"));
+        assert!(!c.uses_default_admin_password());
+        for v in ["", "a/b", " lead"] {
+            refused(&[("ADMIN_USERNAME", v)], "ADMIN_USERNAME");
+        }
+        refused(&[("ADMIN_PASSWORD", "")], "ADMIN_PASSWORD");
+    }
+
+    #[test]
+    fn debug_output_hides_secrets() {
+        let c = load(&[("ADMIN_PASSWORD", "hunter2-secret")]).expect("config");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains(SECRET) && !shown.contains("hunter2-secret"), "{shown}");
+    }
+}

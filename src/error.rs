@@ -93,6 +93,27 @@ impl ErrorCode {
         }
     }
 
+    /// The code for an error response of `status` that did not come from this table (actix's own).
+    pub fn for_status(status: StatusCode) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        [
+            BadRequest,
+            Forbidden,
+            NotFound,
+            MethodNotAllowed,
+            UnsupportedApiVersion,
+            Conflict,
+            PayloadTooLarge,
+            RangeNotSatisfiable,
+            ValidationFailed,
+            RateLimited,
+            Internal,
+            ServiceUnavailable,
+        ]
+        .into_iter()
+        .find(|c| c.status() == status)
+    }
+
     fn default_message(self) -> &'static str {
         use ErrorCode::*;
         match self {
@@ -297,11 +318,11 @@ impl From<tokio_postgres::Error> for ApiError {
 }
 
 impl From<deadpool_postgres::PoolError> for ApiError {
+    /// Every pool failure means no connection could be had: deadpool reports `Backend` only when
+    /// creating one fails, whatever the server said (for example "database is not currently
+    /// accepting connections", SQLSTATE 55000, which is not a connection-class code).
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        match e {
-            deadpool_postgres::PoolError::Backend(e) => e.into(),
-            other => ApiError::unavailable(other),
-        }
+        ApiError::unavailable(e)
     }
 }
 

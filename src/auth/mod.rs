@@ -21,6 +21,9 @@ use crate::error::{ApiError, ApiResult, ErrorCode};
 
 /// bcrypt cost required by API.md 7.1.
 pub const BCRYPT_COST: u32 = 12;
+/// A real cost-12 bcrypt hash, so unknown users cost the same time as wrong passwords; a constant
+/// because hashing one at every start costs 0.3 s of CPU (and every CLI command starts one).
+const DUMMY_HASH: &str = "$2b$12$1uQNreaTKiKt.KfU00UNSO3Dm2iWMfcGruyBpIBSIOu2pZvPVWNKe";
 /// Generations and denylist entries are re-read at least this often (the contract allows 5 s).
 const REVOCATION_CACHE_TTL: Duration = Duration::from_secs(2);
 
@@ -77,8 +80,6 @@ pub struct AuthService {
     pub access_ttl: Duration,
     pub refresh_ttl: Duration,
     checks: DashMap<String, CachedCheck>,
-    /// A real bcrypt hash, so unknown users cost the same time as wrong passwords.
-    dummy_hash: String,
 }
 
 impl AuthService {
@@ -94,7 +95,6 @@ impl AuthService {
             access_ttl,
             refresh_ttl,
             checks: DashMap::new(),
-            dummy_hash: bcrypt::hash("not-a-real-password", BCRYPT_COST)?,
         })
     }
 
@@ -151,7 +151,9 @@ impl AuthService {
         user_id: Uuid,
         pool: &deadpool_postgres::Pool,
     ) -> ApiResult<CachedCheck> {
-        if let Some(hit) = self.checks.get(jti) {
+        // Keyed by user as well: the jti alone would let a cached check vouch for another `sub`.
+        let key = cache_key(user_id, jti);
+        if let Some(hit) = self.checks.get(&key) {
             if hit.fetched.elapsed() < REVOCATION_CACHE_TTL {
                 return Ok(*hit);
             }
@@ -168,14 +170,14 @@ impl AuthService {
         if self.checks.len() > 100_000 {
             self.checks.retain(|_, c| c.fetched.elapsed() < REVOCATION_CACHE_TTL);
         }
-        self.checks.insert(jti.to_string(), check);
+        self.checks.insert(key, check);
         Ok(check)
     }
 
     /// Makes a logout effective in this process at once (other processes within the cache TTL).
-    pub fn forget_token(&self, jti: &str) {
+    pub fn forget_token(&self, user_id: Uuid, jti: &str) {
         self.checks.insert(
-            jti.to_string(),
+            cache_key(user_id, jti),
             CachedCheck { generation: None, revoked: true, fetched: Instant::now() },
         );
     }
@@ -196,12 +198,16 @@ impl AuthService {
     /// Checks a password against a stored hash (or the dummy hash when the user is unknown).
     pub async fn verify_password(&self, password: String, hash: Option<String>) -> ApiResult<bool> {
         let known = hash.is_some();
-        let hash = hash.unwrap_or_else(|| self.dummy_hash.clone());
+        let hash = hash.unwrap_or_else(|| DUMMY_HASH.to_string());
         let ok = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash).unwrap_or(false))
             .await
             .map_err(ApiError::internal)?;
         Ok(known && ok)
     }
+}
+
+fn cache_key(user_id: Uuid, jti: &str) -> String {
+    format!("{user_id}/{jti}")
 }
 
 /// A new refresh token: the opaque value for the client and the hash we store.
@@ -231,6 +237,12 @@ pub fn bearer_token(header: Option<&str>) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dummy_hash_costs_as_much_as_a_real_one() {
+        assert!(DUMMY_HASH.starts_with(&format!("$2b${BCRYPT_COST}$")));
+        assert!(bcrypt::verify("not-a-real-password", DUMMY_HASH).unwrap());
+    }
 
     #[test]
     fn bearer_parsing() {

@@ -104,7 +104,7 @@ pub async fn logout(
     if let Some(token) = refresh {
         db_users::revoke_refresh_token(&db, &hash_refresh_token(token), caller.id).await?;
     }
-    st.auth.forget_token(&caller.jti);
+    st.auth.forget_token(caller.id, &caller.jti);
     Ok(HttpResponse::Ok().json(json!({"message": "Logged out"})))
 }
 

@@ -3,7 +3,7 @@
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{HttpMessage, ResponseError};
 use tracing::Instrument;
@@ -42,7 +42,8 @@ pub async fn request_context(
             Err(e) => req.into_response(e.error_response()),
             Ok(v) => {
                 req.extensions_mut().insert(v);
-                next.call(req).await?.map_into_boxed_body()
+                // Inner services turn errors into responses; an `Err` here is actix's own failure.
+                uniform_error_body(next.call(req).await?.map_into_boxed_body()).await
             }
         };
         let headers = res.headers_mut();
@@ -68,6 +69,40 @@ pub async fn request_context(
         }
     }
     result
+}
+
+/// Error responses that did not come from the error table (actix's own: CORS refusals, extractor
+/// and routing errors) get the standard error body, so every error has the one shape of API.md 4.
+async fn uniform_error_body(res: ServiceResponse<BoxBody>) -> ServiceResponse<BoxBody> {
+    let status = res.status();
+    let is_problem = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v == "application/problem+json");
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return res;
+    }
+    let Some(code) = ErrorCode::for_status(status) else {
+        return res;
+    };
+    let (req, original) = res.into_parts();
+    let (head, body) = original.into_parts();
+    // actix's texts for client errors are short and say what was wrong; server texts may leak internals.
+    let text = match actix_web::body::to_bytes_limited(body, 512).await {
+        Ok(Ok(bytes)) if status.is_client_error() => String::from_utf8(bytes.to_vec()).unwrap_or_default(),
+        _ => String::new(),
+    };
+    let error = match text.trim() {
+        "" => ApiError::of(code),
+        t => ApiError::new(code, t),
+    };
+    let mut replaced = error.error_response();
+    for (name, value) in head.headers() {
+        if name != header::CONTENT_TYPE
+            && name != header::CONTENT_LENGTH
+            && !replaced.headers().contains_key(name)
+        {
+            replaced.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    ServiceResponse::new(req, replaced)
 }
 
 /// `x-ode-version` of another major, or garbage, is refused before authentication (API.md 17.1).

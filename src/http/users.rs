@@ -174,12 +174,14 @@ pub async fn change_password(
     if !rules::is_strong_enough(new_password) {
         return Err(weak_password());
     }
-    let mut db = st.pool.get().await?;
     let user = current_user(st, &caller).await?;
     if !st.auth.verify_password(current.to_string(), Some(user.password_hash.clone())).await? {
         return Err(ApiError::of(ErrorCode::InvalidPassword));
     }
     let hash = st.auth.hash_password(new_password.to_string()).await?;
+    // Taken only now: holding a connection across two bcrypt runs (or while current_user takes a
+    // second one) starves the pool under load.
+    let mut db = st.pool.get().await?;
     db_users::set_password(&mut db, user.id, &hash).await?;
     st.auth.forget_cached_checks();
     Ok(HttpResponse::Ok().json(json!({"message": "Password changed successfully"})))

@@ -2,8 +2,12 @@
 mod helpers;
 
 mod attachments;
+mod auth;
 mod bundles;
+mod cli;
 mod clients2026;
+mod conventions;
 mod formspecs;
-mod foundation;
+mod health;
 mod sync;
+mod users;
