@@ -21,7 +21,7 @@ use crate::http;
 use crate::state::AppState;
 
 /// The database name inside the embedded cluster.
-const EMBEDDED_DB_NAME: &str = "synkronus";
+pub const EMBEDDED_DB_NAME: &str = "synkronus";
 
 pub struct Application {
     port: u16,

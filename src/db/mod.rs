@@ -1,6 +1,7 @@
 //! Database access: the pool, migrations, and one module of SQL per table family.
 
 pub mod embedded;
+pub mod export;
 pub mod status;
 pub mod tls;
 pub mod users;

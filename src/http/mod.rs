@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod context;
 pub mod cors;
+pub mod export;
 pub mod extract;
 pub mod health;
 pub mod request_id;
@@ -16,6 +17,7 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     health::routes(cfg);
     auth::routes(cfg);
     users::routes(cfg);
+    export::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.
