@@ -116,14 +116,19 @@ type Chunk = Result<Bytes, io::Error>;
 /// once the body is fully sent or dropped (client gone) and the export thread has ended.
 pub struct ExportBody {
     rx: mpsc::Receiver<Chunk>,
-    _slot: Arc<OwnedSemaphorePermit>,
+    slot: Option<Arc<OwnedSemaphorePermit>>,
 }
 
 impl futures_util::Stream for ExportBody {
     type Item = Chunk;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Chunk>> {
-        self.rx.poll_recv(cx)
+        let next = self.rx.poll_recv(cx);
+        if let Poll::Ready(None) = next {
+            // Released before the client can see the end of the body (see `StartExport`).
+            self.slot = None;
+        }
+        next
     }
 }
 
@@ -365,10 +370,13 @@ impl Handler<StartExport> for ExportJobs {
         let engine = Arc::clone(&self.engine);
         let thread_slot = Arc::clone(&slot);
         self.engine.runtime.spawn_blocking(move || {
-            let _slot = thread_slot;
-            engine.stream(&request, tx, head_tx);
+            engine.stream(&request, &tx, head_tx);
+            // The slot goes before the channel closes: a client that has seen the end of the
+            // body can start its next export at once.
+            drop(thread_slot);
+            drop(tx);
         });
-        Ok(PendingExport { head: head_rx, body: ExportBody { rx, _slot: slot } })
+        Ok(PendingExport { head: head_rx, body: ExportBody { rx, slot: Some(slot) } })
     }
 }
 
@@ -545,7 +553,7 @@ impl Engine {
     fn stream(
         &self,
         request: &ExportRequest,
-        tx: mpsc::Sender<Chunk>,
+        tx: &mpsc::Sender<Chunk>,
         head_tx: oneshot::Sender<ApiResult<i64>>,
     ) {
         let mut client = match self.block(self.pool.get()) {
@@ -601,6 +609,7 @@ impl Engine {
                 tracing::info!(format = request.format.as_str(), "export stopped: the client disconnected");
             } else {
                 tracing::error!(format = request.format.as_str(), error = %e, "export failed mid-stream");
+
                 // An error item makes actix abort the connection: the client sees a truncated body.
                 let _ = tx.blocking_send(Err(io::Error::other("export failed")));
             }

@@ -49,8 +49,9 @@ pub async fn form_types(
     filter: &ExportFilter,
     head: i64,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    let sql =
-        format!("SELECT DISTINCT form_type FROM records WHERE {FILTER} ORDER BY form_type COLLATE \"C\"");
+    let sql = format!(
+        "SELECT form_type FROM records WHERE {FILTER} GROUP BY form_type ORDER BY form_type COLLATE \"C\""
+    );
     let rows = tx.query(&sql, &params(filter, &head)).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
