@@ -601,8 +601,7 @@ impl Engine {
             out: ChannelWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK_BYTES) },
             aborted: aborted.clone(),
         };
-        let result =
-            run.write(request.format, sink).and_then(|sink| Ok(sink.out)).and_then(|mut w| Ok(w.send()?));
+        let result = run.write(request.format, sink).and_then(|mut sink| Ok(sink.out.send()?));
         if let Err(e) = result {
             aborted.store(true, Ordering::Relaxed);
             if tx.is_closed() {

@@ -263,6 +263,16 @@ async fn parquet_export_matches_inserted_data_column_by_column() {
     assert_eq!(strings(&untyped, "form_type"), [Some(String::new())]);
     assert_eq!(untyped.num_columns(), 13, "no data columns for empty data");
 
+    if let Some(dir) = std::env::var_os("EXPORT_SAMPLE_DIR") {
+        // For tests/export_check.py: ZIPs produced by the server, kept on request.
+        for (path, file) in
+            [("/dataexport/parquet", "mixed_parquet.zip"), ("/data/export?format=csv", "mixed_csv.zip")]
+        {
+            let bytes = get(&app, path, &admin).await.bytes().await.unwrap();
+            std::fs::write(std::path::Path::new(&dir).join(file), bytes).unwrap();
+        }
+    }
+
     // The same export under /api and /api/v1, and as GET /data/export (default parquet).
     for path in ["/api/dataexport/parquet", "/api/v1/data/export", "/data/export?format=parquet"] {
         let res = get(&app, path, &admin).await;
