@@ -563,14 +563,13 @@ impl Engine {
                 return;
             }
         };
-        let started = self.block(
+        let db = match self.block(
             client
                 .build_transaction()
                 .isolation_level(IsolationLevel::RepeatableRead)
                 .read_only(true)
                 .start(),
-        );
-        let db = match started {
+        ) {
             Ok(db) => db,
             Err(e) => {
                 let _ = head_tx.send(Err(e.into()));
@@ -602,7 +601,13 @@ impl Engine {
             aborted: aborted.clone(),
         };
         let result = run.write(request.format, sink).and_then(|mut sink| Ok(sink.out.send()?));
+        // Without a commit the read-only transaction rolls back as it drops.
+        drop(db);
         if let Err(e) = result {
+            if matches!(e, RunError::Db(_)) {
+                // Possibly a dead connection: never hand it to the next export.
+                drop(deadpool_postgres::Object::take(client));
+            }
             aborted.store(true, Ordering::Relaxed);
             if tx.is_closed() {
                 tracing::info!(format = request.format.as_str(), "export stopped: the client disconnected");
@@ -613,7 +618,6 @@ impl Engine {
                 let _ = tx.blocking_send(Err(io::Error::other("export failed")));
             }
         }
-        // `db` drops here without a commit: the read-only transaction rolls back.
     }
 
     /// An export job, on an export thread: the whole export into a file, then renamed into place.
@@ -649,6 +653,21 @@ impl Engine {
         part: &Path,
     ) -> Result<(), RunError> {
         let mut client = self.block(self.pool.get())?;
+        let result = self.write_job_with(&mut client, request, progress, part);
+        if matches!(result, Err(RunError::Db(_))) {
+            // Possibly a dead connection: never hand it to the next export.
+            drop(deadpool_postgres::Object::take(client));
+        }
+        result
+    }
+
+    fn write_job_with(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        request: &ExportRequest,
+        progress: &JobProgress,
+        part: &Path,
+    ) -> Result<(), RunError> {
         let db = self.block(
             client
                 .build_transaction()

@@ -748,3 +748,28 @@ async fn slots_are_limited_and_a_dropped_download_frees_its_slot() {
     let entries = unzip(&res.bytes().await.unwrap());
     assert_eq!(read_parquet(entries[0].2.clone()).0.num_rows(), 20_000);
 }
+
+#[actix_web::test]
+async fn a_failure_mid_stream_aborts_the_response() {
+    let app = TestApp::spawn_with(&[("EXPORT_MAX_CONCURRENT", "1")]).await;
+    let admin = app.admin_token().await;
+    let db = db(&app).await;
+    insert_bulk(&db, 20_000, 600).await;
+
+    // Headers are out and the export is parked on a full body channel, inside its transaction.
+    let res = get(&app, "/data/export?format=json", &admin).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let killed = db
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(killed, 1, "exactly the export's connection is in a transaction");
+    // The export fails at its next fetch: the client gets a broken body, never a complete one.
+    assert!(res.bytes().await.is_err(), "a failed export must not end like a complete one");
+    wait_for_free_slot(&app, &admin).await;
+}
