@@ -64,6 +64,8 @@ pub struct Config {
     pub rate_limit_login_per_min: u32,
     pub rate_limit_per_user_per_sec: u32,
     pub export_max_concurrent: usize,
+    /// How long a finished export job's file is kept (`EXPORT_JOB_TTL_SECONDS`).
+    pub export_job_ttl: Duration,
     pub transmission_retention_days: u32,
     pub metrics_port: Option<u16>,
 }
@@ -231,6 +233,10 @@ impl Config {
         if export_max_concurrent == 0 {
             return Err(invalid("EXPORT_MAX_CONCURRENT", "must be at least 1"));
         }
+        let export_job_ttl: u64 = parse_num(&var, "EXPORT_JOB_TTL_SECONDS", 3600)?;
+        if export_job_ttl == 0 {
+            return Err(invalid("EXPORT_JOB_TTL_SECONDS", "must be at least 1"));
+        }
         let transmission_retention_days = parse_num(&var, "TRANSMISSION_RETENTION_DAYS", 30)?;
         let metrics_port = match var("METRICS_PORT").filter(|s| !s.trim().is_empty()) {
             None => None,
@@ -265,6 +271,7 @@ impl Config {
             rate_limit_login_per_min,
             rate_limit_per_user_per_sec,
             export_max_concurrent,
+            export_job_ttl: Duration::from_secs(export_job_ttl),
             transmission_retention_days,
             metrics_port,
         })

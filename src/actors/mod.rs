@@ -3,6 +3,7 @@
 pub mod attachment_store;
 pub mod bundle_store;
 pub mod change_log;
+pub mod export_jobs;
 pub mod presence;
 
 use std::time::Duration;
@@ -18,10 +19,11 @@ pub struct Actors {
     pub presence: Addr<presence::Presence>,
     pub bundles: Addr<bundle_store::BundleStore>,
     pub attachments: Addr<attachment_store::AttachmentStore>,
+    pub export_jobs: Addr<export_jobs::ExportJobs>,
 }
 
 /// Starts every actor; called once by the app factory. `conn` is the database connection
-/// string, for actors that need a dedicated connection (LISTEN).
+/// string, for actors that need a dedicated connection (LISTEN) or a pool of their own (exports).
 pub async fn start(config: &Config, pool: &deadpool_postgres::Pool, conn: &str) -> anyhow::Result<Actors> {
     let change_log = change_log::ChangeLog::new(pool.clone()).start();
     let presence = presence::Presence::new(pool.clone()).start();
@@ -29,8 +31,9 @@ pub async fn start(config: &Config, pool: &deadpool_postgres::Pool, conn: &str) 
     let attachments =
         attachment_store::AttachmentStore::new(pool.clone(), change_log.clone(), &config.attachments_path)?
             .start();
+    let export_jobs = export_jobs::ExportJobs::new(config, conn)?.start();
     spawn_housekeeping(pool.clone(), config.transmission_retention_days);
-    Ok(Actors { change_log, presence, bundles, attachments })
+    Ok(Actors { change_log, presence, bundles, attachments, export_jobs })
 }
 
 /// Hourly clean-up of what only ever grows: old transmission results and expired tokens.

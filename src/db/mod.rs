@@ -3,6 +3,7 @@
 pub mod attachments;
 pub mod bundles;
 pub mod embedded;
+pub mod export;
 pub mod formspecs;
 pub mod presence;
 pub mod records;

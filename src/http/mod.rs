@@ -6,6 +6,7 @@ pub mod auth;
 pub mod bundles;
 pub mod context;
 pub mod cors;
+pub mod export;
 pub mod extract;
 pub mod formspecs;
 pub mod health;
@@ -28,6 +29,7 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     bundles::routes(cfg);
     formspecs::routes(cfg);
     attachments::routes(cfg);
+    export::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.

@@ -1,0 +1,208 @@
+//! SQL for exports and observation statistics (API.md 13, 17.8). Exports read `records` inside one
+//! REPEATABLE READ snapshot through server-side portals, so memory never depends on the row count.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Portal, Row, Transaction};
+
+use crate::domain::export::ExportRow;
+use crate::error::ApiResult;
+
+/// Which records an export covers (API.md 13.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportFilter {
+    /// Empty means every form type.
+    pub form_types: Vec<String>,
+    /// Only records whose latest change_id is greater.
+    pub since_change_id: i64,
+    pub include_deleted: bool,
+}
+
+/// `$1` form types (empty = all), `$2` since, `$3` snapshot head, `$4` include deleted.
+const FILTER: &str = "(cardinality($1::text[]) = 0 OR form_type = ANY($1::text[])) \
+     AND change_id > $2 AND change_id <= $3 AND ($4 OR NOT deleted)";
+
+const ROW_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_at, updated_at, synced_at, \
+     geolocation, author, device_id, tags, change_id";
+
+/// Starts the export's snapshot on `tx` (which must have been opened REPEATABLE READ READ ONLY)
+/// and returns its head: every row read later in `tx` is at or below it.
+pub async fn snapshot_head(tx: &Transaction<'_>) -> Result<(i64, DateTime<Utc>), tokio_postgres::Error> {
+    let row = tx.query_one("SELECT head, now() FROM change_head", &[]).await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// The head as of now, for HEAD requests that only need the header.
+pub async fn current_head(db: &impl GenericClient) -> ApiResult<i64> {
+    Ok(db.query_one("SELECT head FROM change_head", &[]).await?.get(0))
+}
+
+fn params<'a>(filter: &'a ExportFilter, head: &'a i64) -> [&'a (dyn ToSql + Sync); 4] {
+    [&filter.form_types, &filter.since_change_id, head, &filter.include_deleted]
+}
+
+/// The distinct form types the filter selects, in byte order (so entry names are stable).
+pub async fn form_types(
+    tx: &Transaction<'_>,
+    filter: &ExportFilter,
+    head: i64,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT form_type FROM records WHERE {FILTER} GROUP BY form_type ORDER BY form_type COLLATE \"C\""
+    );
+    let rows = tx.query(&sql, &params(filter, &head)).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// How many rows the export will write (job progress).
+pub async fn count(
+    tx: &Transaction<'_>,
+    filter: &ExportFilter,
+    head: i64,
+) -> Result<i64, tokio_postgres::Error> {
+    let sql = format!("SELECT count(*) FROM records WHERE {FILTER}");
+    Ok(tx.query_one(&sql, &params(filter, &head)).await?.get(0))
+}
+
+/// A portal over the selected rows in change_id order, optionally of one form type.
+/// `data_only` selects just `data`, for the type-inference pass.
+pub async fn open_rows(
+    tx: &Transaction<'_>,
+    filter: &ExportFilter,
+    head: i64,
+    form_type: Option<&str>,
+    data_only: bool,
+) -> Result<Portal, tokio_postgres::Error> {
+    let columns = if data_only { "data" } else { ROW_COLUMNS };
+    let one_type = if form_type.is_some() { " AND form_type = $5" } else { "" };
+    let sql = format!("SELECT {columns} FROM records WHERE {FILTER}{one_type} ORDER BY change_id");
+    let stmt = tx.prepare(&sql).await?;
+    let [a, b, c, d] = params(filter, &head);
+    match form_type {
+        Some(ft) => tx.bind(&stmt, &[a, b, c, d, &ft]).await,
+        None => tx.bind(&stmt, &[a, b, c, d]).await,
+    }
+}
+
+/// The next batch of `data` values from an `open_rows(.., data_only = true)` portal.
+pub async fn fetch_data(
+    tx: &Transaction<'_>,
+    portal: &Portal,
+    batch: i32,
+) -> Result<Vec<Value>, tokio_postgres::Error> {
+    Ok(tx.query_portal(portal, batch).await?.iter().map(|r| r.get(0)).collect())
+}
+
+/// The next batch of rows from an `open_rows(.., data_only = false)` portal.
+pub async fn fetch_rows(
+    tx: &Transaction<'_>,
+    portal: &Portal,
+    batch: i32,
+) -> Result<Vec<ExportRow>, tokio_postgres::Error> {
+    Ok(tx.query_portal(portal, batch).await?.iter().map(export_row).collect())
+}
+
+fn export_row(row: &Row) -> ExportRow {
+    let tags: Option<Value> = row.get("tags");
+    ExportRow {
+        observation_id: row.get("id"),
+        form_type: row.get("form_type"),
+        form_version: row.get("form_version"),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+        deleted: row.get("deleted"),
+        version: row.get("change_id"),
+        data: row.get("data"),
+        synced_at: row.get("synced_at"),
+        // A stored JSON null is "no geolocation".
+        geolocation: row.get::<_, Option<Value>>("geolocation").filter(|g| !g.is_null()),
+        author: row.get("author"),
+        device_id: row.get("device_id"),
+        tags: tags.and_then(|t| match t {
+            Value::Array(items) => Some(
+                items
+                    .into_iter()
+                    .map(|v| match v {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        }),
+    }
+}
+
+/// The raw figures behind `GET /stats/observations` (API.md 17.8).
+#[derive(Debug, Clone, Default)]
+pub struct ObservationStats {
+    pub total: i64,
+    /// (form type, count), largest first.
+    pub by_form_type: Vec<(String, i64)>,
+    /// `"day"` or `"week"`.
+    pub bucket_unit: String,
+    /// (bucket start, label, count), dense and ascending.
+    pub buckets: Vec<(DateTime<Utc>, String, i64)>,
+    pub computed_at: Option<DateTime<Utc>>,
+}
+
+/// One statement, one snapshot: per-type counts, the bucket unit, and the dense zero-filled
+/// timeline (UTC days, or ISO weeks when the span is at least 365 days) of non-deleted records.
+const STATS_SQL: &str = r#"
+WITH live AS (
+    SELECT form_type, created_at AT TIME ZONE 'UTC' AS ts FROM records WHERE NOT deleted
+),
+span AS (
+    SELECT CASE WHEN date_trunc('day', max(ts)) - date_trunc('day', min(ts)) >= interval '365 days'
+                THEN 'week' ELSE 'day' END AS unit,
+           min(ts) AS lo, max(ts) AS hi
+    FROM live
+),
+counted AS (
+    SELECT date_trunc(span.unit, live.ts) AS bucket, count(*) AS n
+    FROM live, span WHERE live.ts IS NOT NULL GROUP BY 1
+),
+dense AS (
+    SELECT b AS bucket, span.unit
+    FROM span, generate_series(date_trunc(span.unit, span.lo), date_trunc(span.unit, span.hi),
+                               ('1 ' || span.unit)::interval) AS b
+    WHERE span.lo IS NOT NULL
+)
+SELECT 'type' AS kind, form_type AS label, NULL::timestamptz AS bucket, count(*) AS n,
+       (SELECT unit FROM span) AS unit, now() AS computed_at
+FROM live GROUP BY form_type
+UNION ALL
+SELECT 'bucket', CASE WHEN dense.unit = 'week' THEN to_char(dense.bucket, 'IYYY-"W"IW')
+                      ELSE to_char(dense.bucket, 'YYYY-MM-DD') END,
+       dense.bucket AT TIME ZONE 'UTC', coalesce(counted.n, 0), dense.unit, now()
+FROM dense LEFT JOIN counted ON counted.bucket = dense.bucket
+UNION ALL
+SELECT 'unit', NULL, NULL, 0, (SELECT unit FROM span), now()
+"#;
+
+pub async fn observation_stats(db: &impl GenericClient) -> ApiResult<ObservationStats> {
+    let rows = db.query(STATS_SQL, &[]).await?;
+    let mut stats = ObservationStats { bucket_unit: "day".into(), ..Default::default() };
+    for row in &rows {
+        let kind: &str = row.get("kind");
+        let n: i64 = row.get("n");
+        stats.computed_at = Some(row.get("computed_at"));
+        match kind {
+            "type" => {
+                stats.total += n;
+                stats.by_form_type.push((row.get("label"), n));
+            }
+            "bucket" => stats.buckets.push((row.get("bucket"), row.get("label"), n)),
+            _ => {
+                if let Some(unit) = row.get::<_, Option<String>>("unit") {
+                    stats.bucket_unit = unit;
+                }
+            }
+        }
+    }
+    stats.by_form_type.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    stats.buckets.sort_by_key(|b| b.0);
+    Ok(stats)
+}

@@ -1,0 +1,290 @@
+//! Exports and observation statistics (API.md 13, 17.8). The work is done by the `ExportJobs`
+//! actor; these handlers parse, authorize, ask it, and shape the response.
+
+use actix_web::http::{header, Method};
+use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
+use serde_json::{json, Value};
+
+use crate::actors::export_jobs::{
+    CreateJob, ExportFormat, ExportRequest, GetJob, JobDownload, JobView, StartExport,
+};
+use crate::db::export::{self as sql, ExportFilter};
+use crate::domain::role::Role;
+use crate::domain::time;
+use crate::error::{ApiError, ApiResult};
+use crate::http::extract::{path_param, state, Auth, JsonBody};
+
+/// Export parameters as sent, from the query string and (for jobs) a JSON body.
+#[derive(Default)]
+struct RawParams {
+    format: Option<String>,
+    form_types: Vec<String>,
+    since_change_id: Option<String>,
+    include_deleted: Option<String>,
+}
+
+impl RawParams {
+    fn from_query(query: &str) -> ApiResult<Self> {
+        let pairs = web::Query::<Vec<(String, String)>>::from_query(query)
+            .map_err(|_| ApiError::bad_request("Malformed query string"))?
+            .into_inner();
+        let mut raw = RawParams::default();
+        for (key, value) in pairs {
+            match key.as_str() {
+                "format" => raw.format = Some(value),
+                "form_type" | "formType" | "schema_type" => raw.form_types.push(value),
+                "since_change_id" | "sinceChangeId" => raw.since_change_id = Some(value),
+                "include_deleted" | "includeDeleted" => raw.include_deleted = Some(value),
+                _ => {}
+            }
+        }
+        Ok(raw)
+    }
+
+    /// Fills what the query left out from a JSON object body (the query wins).
+    fn merge_body(&mut self, body: &Value) -> ApiResult<()> {
+        let obj = match body {
+            Value::Null => return Ok(()),
+            Value::Object(obj) => obj,
+            _ => return Err(ApiError::bad_request("Request body must be a JSON object")),
+        };
+        let text = |key: &str, v: &Value| -> ApiResult<String> {
+            match v {
+                Value::String(s) => Ok(s.clone()),
+                Value::Number(n) => Ok(n.to_string()),
+                Value::Bool(b) => Ok(b.to_string()),
+                _ => Err(ApiError::bad_request(format!("'{key}' has the wrong type"))
+                    .with_path(&format!("/{key}"))),
+            }
+        };
+        if let Some(v) = obj.get("format").filter(|v| !v.is_null()) {
+            self.format.get_or_insert(text("format", v)?);
+        }
+        if self.form_types.is_empty() {
+            match obj.get("form_type").or_else(|| obj.get("form_types")) {
+                None | Some(Value::Null) => {}
+                Some(Value::Array(items)) => {
+                    for item in items {
+                        match item {
+                            Value::String(s) => self.form_types.push(s.clone()),
+                            _ => {
+                                return Err(ApiError::bad_request("'form_type' must be strings")
+                                    .with_path("/form_type"))
+                            }
+                        }
+                    }
+                }
+                Some(Value::String(s)) => self.form_types.push(s.clone()),
+                Some(_) => {
+                    return Err(ApiError::bad_request("'form_type' must be a string or an array of strings")
+                        .with_path("/form_type"))
+                }
+            }
+        }
+        if let Some(v) = obj.get("since_change_id").filter(|v| !v.is_null()) {
+            if self.since_change_id.is_none() {
+                self.since_change_id = Some(text("since_change_id", v)?);
+            }
+        }
+        if let Some(v) = obj.get("include_deleted").filter(|v| !v.is_null()) {
+            if self.include_deleted.is_none() {
+                self.include_deleted = Some(text("include_deleted", v)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn format(&self) -> ApiResult<ExportFormat> {
+        match &self.format {
+            None => Ok(ExportFormat::Parquet),
+            Some(raw) => ExportFormat::parse(raw).filter(|f| *f != ExportFormat::RawJson).ok_or_else(|| {
+                ApiError::bad_request(format!("Unknown format '{raw}'; use parquet, json or csv"))
+                    .with_path("?format")
+            }),
+        }
+    }
+
+    fn filter(&self) -> ApiResult<ExportFilter> {
+        // `a,b` and repeated parameters mean the same; empty pieces select nothing extra.
+        let mut form_types: Vec<String> = self
+            .form_types
+            .iter()
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        form_types.sort();
+        form_types.dedup();
+        let since_change_id = match &self.since_change_id {
+            None => 0,
+            Some(raw) => raw.trim().parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+                ApiError::bad_request("'since_change_id' must be an integer >= 0")
+                    .with_path("?since_change_id")
+            })?,
+        };
+        let include_deleted = match self.include_deleted.as_deref().map(str::trim) {
+            None => true,
+            Some(v) if v.eq_ignore_ascii_case("true") => true,
+            Some(v) if v.eq_ignore_ascii_case("false") => false,
+            Some(_) => {
+                return Err(ApiError::bad_request("'include_deleted' must be true or false")
+                    .with_path("?include_deleted"))
+            }
+        };
+        Ok(ExportFilter { form_types, since_change_id, include_deleted })
+    }
+}
+
+fn export_headers(builder: &mut HttpResponseBuilder, format: ExportFormat, head: i64) {
+    builder
+        .insert_header((header::CONTENT_TYPE, format.content_type()))
+        .insert_header((
+            header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{}\"", format.filename()),
+        ))
+        .insert_header(("x-export-change-id", head.to_string()))
+        .insert_header((header::CACHE_CONTROL, "no-store"));
+}
+
+/// Runs a streamed export: headers (with the snapshot head) first, then the body as produced.
+async fn stream(req: &HttpRequest, request: ExportRequest) -> ApiResult<HttpResponse> {
+    let st = state(req)?;
+    if req.method() == Method::HEAD {
+        // Same headers, no body: no need to hold an export slot for it.
+        let head = sql::current_head(&st.pool.get().await?).await?;
+        let mut builder = HttpResponse::Ok();
+        export_headers(&mut builder, request.format, head);
+        return Ok(builder.finish());
+    }
+    let format = request.format;
+    let pending = st.actors.export_jobs.send(StartExport(request)).await.map_err(ApiError::internal)??;
+    let head = pending.head.await.map_err(|_| ApiError::internal("export ended before its snapshot"))??;
+    let mut builder = HttpResponse::Ok();
+    export_headers(&mut builder, format, head);
+    Ok(builder.streaming(pending.body))
+}
+
+pub async fn parquet(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let filter = RawParams::from_query(req.query_string())?.filter()?;
+    stream(&req, ExportRequest { format: ExportFormat::Parquet, filter }).await
+}
+
+pub async fn data_export(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let raw = RawParams::from_query(req.query_string())?;
+    let request = ExportRequest { format: raw.format()?, filter: raw.filter()? };
+    stream(&req, request).await
+}
+
+/// One JSON file per non-deleted observation (API.md 17.8); `include_deleted` does not apply.
+pub async fn raw_json(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let mut filter = RawParams::from_query(req.query_string())?.filter()?;
+    filter.include_deleted = false;
+    stream(&req, ExportRequest { format: ExportFormat::RawJson, filter }).await
+}
+
+fn job_json(job: &JobView) -> Value {
+    let ts = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(time::format);
+    json!({
+        "job_id": job.id,
+        "state": job.state.as_str(),
+        "format": job.format.as_str(),
+        "owner": job.owner,
+        "rows_done": job.rows_done,
+        "rows_total": job.rows_total,
+        "change_id": job.change_id,
+        "created_at": time::format(job.created_at),
+        "started_at": ts(job.started_at),
+        "finished_at": ts(job.finished_at),
+        "expires_at": ts(job.expires_at),
+        "error": job.error,
+        "download_url": (job.state == crate::actors::export_jobs::JobState::Done)
+            .then(|| format!("/dataexport/jobs/{}/download", job.id)),
+    })
+}
+
+pub async fn create_job(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    JsonBody(body): JsonBody,
+) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let mut raw = RawParams::from_query(req.query_string())?;
+    raw.merge_body(&body)?;
+    let request = ExportRequest { format: raw.format()?, filter: raw.filter()? };
+    let job = st
+        .actors
+        .export_jobs
+        .send(CreateJob { owner: caller.username.clone(), request })
+        .await
+        .map_err(ApiError::internal)??;
+    Ok(HttpResponse::Accepted()
+        .insert_header((header::LOCATION, format!("/dataexport/jobs/{}", job.id)))
+        .json(job_json(&job)))
+}
+
+pub async fn get_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let id = path_param(&req, "id")?;
+    let st = state(&req)?;
+    let job = st.actors.export_jobs.send(GetJob { id, caller }).await.map_err(ApiError::internal)??;
+    Ok(HttpResponse::Ok().json(job_json(&job)))
+}
+
+pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let id = path_param(&req, "id")?;
+    let st = state(&req)?;
+    let file = st.actors.export_jobs.send(JobDownload { id, caller }).await.map_err(ApiError::internal)??;
+    // The sweep may remove the file between the answer and the open: that is a 404 too.
+    let handle = tokio::fs::File::open(&file.path)
+        .await
+        .map_err(|_| ApiError::not_found("The export job's file has expired"))?;
+    let len = handle.metadata().await?.len();
+    let mut builder = HttpResponse::Ok();
+    export_headers(&mut builder, file.format, file.change_id);
+    builder.no_chunking(len);
+    Ok(builder.streaming(tokio_util::io::ReaderStream::new(handle)))
+}
+
+pub async fn observation_stats(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::ReadOnly)?;
+    let st = state(&req)?;
+    let stats = sql::observation_stats(&st.pool.get().await?).await?;
+    let week = stats.bucket_unit == "week";
+    let step = if week { chrono::Duration::days(7) } else { chrono::Duration::days(1) };
+    let range_start = stats.buckets.first().map(|b| time::format(b.0));
+    // The end of the last bucket (exclusive), so the range covers every bucket whole.
+    let range_end = stats.buckets.last().map(|b| time::format(b.0 + step));
+    let label = |ft: &str| if ft.is_empty() { "(no form type)".to_owned() } else { ft.to_owned() };
+    Ok(HttpResponse::Ok().json(json!({
+        "totalCount": stats.total,
+        "byFormType": stats.by_form_type.iter()
+            .map(|(ft, n)| json!({"formType": label(ft), "count": n}))
+            .collect::<Vec<_>>(),
+        "timeline": {
+            "bucketUnit": if week { "week" } else { "day" },
+            "rangeStart": range_start,
+            "rangeEnd": range_end,
+            "buckets": stats.buckets.iter()
+                .map(|(start, label, n)| json!({"bucketStart": time::format(*start), "label": label, "count": n}))
+                .collect::<Vec<_>>(),
+        },
+        "computedAt": stats.computed_at.map(time::format),
+    })))
+}
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    use crate::http::routing::{get, resource};
+    cfg.service(resource("/dataexport/parquet", "GET, HEAD").route(get().to(parquet)))
+        .service(resource("/dataexport/raw-json", "GET, HEAD").route(get().to(raw_json)))
+        .service(resource("/data/export", "GET, HEAD").route(get().to(data_export)))
+        .service(resource("/dataexport/jobs", "POST").route(web::post().to(create_job)))
+        .service(resource("/dataexport/jobs/{id}", "GET, HEAD").route(get().to(get_job)))
+        .service(resource("/dataexport/jobs/{id}/download", "GET, HEAD").route(get().to(download_job)))
+        .service(resource("/stats/observations", "GET, HEAD").route(get().to(observation_stats)));
+}
