@@ -83,3 +83,15 @@ pub async fn list(
             .collect(),
     ))
 }
+
+/// Every device row, for attaching presence to the user list.
+pub async fn all_by_user(
+    db: &impl GenericClient,
+) -> ApiResult<std::collections::HashMap<String, Vec<DeviceRow>>> {
+    let (_, rows) = list(db, None, None).await?;
+    let mut by_user: std::collections::HashMap<String, Vec<DeviceRow>> = std::collections::HashMap::new();
+    for row in rows {
+        by_user.entry(row.username.clone()).or_default().push(row);
+    }
+    Ok(by_user)
+}

@@ -382,7 +382,8 @@ pub async fn manifest_post(
     let db = st.pool.get().await?;
     let generation = current_generation(&db, &req, &body).await?;
     let (head, rows) = attachments::changes_after(&db, since).await?;
-    report_sync(&req, st, &caller.username, client_id, since);
+    // The attachment cursor is not the data cursor: this is a plain sighting.
+    report_sync(&req, st, &caller.username, client_id, None);
     let base = format!("{}{}/attachments/", public_base(&req, st), route_prefix(&req));
     let total: i64 = rows.iter().map(|r| r.size).sum();
     let operations: Vec<Value> = rows

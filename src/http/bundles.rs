@@ -259,7 +259,16 @@ fn not_modified(tag: &str, version: &str) -> HttpResponse {
 
 pub async fn manifest(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
-    let info = resolve(state(&req)?, Target::Active).await?;
+    let st = state(&req)?;
+    let info = resolve(st, Target::Active).await?;
+    // Presence (API.md 17.4): the bundle version this device was told about.
+    let _ = st.actors.presence.try_send(crate::actors::presence::Seen {
+        username: caller.username.clone(),
+        client_id: crate::http::extract::header_client_id(&req).unwrap_or_default(),
+        client_version: crate::http::extract::client_version_hint(&req),
+        data_version: None,
+        app_bundle_version: Some(info.version.clone()),
+    });
     let tag = quoted(&info.manifest.hash);
     if if_none_match(&req, &info.manifest.hash) {
         return Ok(not_modified(&tag, &info.version));

@@ -42,14 +42,21 @@ pub async fn current_generation(
     }
 }
 
-/// Reports a sync event (with the device's cursor) to the Presence actor; never blocks.
-pub fn report_sync(req: &HttpRequest, st: &AppState, username: &str, body_client_id: &str, cursor: i64) {
+/// Reports a sighting of the device named in the body (with its data cursor for pull and push)
+/// to the Presence actor; never blocks.
+pub fn report_sync(
+    req: &HttpRequest,
+    st: &AppState,
+    username: &str,
+    body_client_id: &str,
+    cursor: Option<i64>,
+) {
     let client_id = crate::http::extract::header_client_id(req).unwrap_or_else(|| body_client_id.to_string());
     let _ = st.actors.presence.try_send(crate::actors::presence::Seen {
         username: username.to_string(),
         client_id,
         client_version: crate::http::extract::client_version_hint(req),
-        data_version: Some(cursor),
+        data_version: cursor,
         app_bundle_version: None,
     });
 }
@@ -89,7 +96,7 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
         })
         .await
         .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))??;
-    report_sync(&req, st, &caller.username, &client_id, outcome.result.head);
+    report_sync(&req, st, &caller.username, &client_id, Some(outcome.result.head));
     let result = &outcome.result;
     let mut res =
         dialect_response(dialect, &encode::push_response(dialect, result), result.repository_generation);
@@ -162,7 +169,7 @@ fn pull_response(
     pull: &PullRequest,
     page: &PullPage,
 ) -> HttpResponse {
-    report_sync(req, st, username, &pull.client_id, pull.after);
+    report_sync(req, st, username, &pull.client_id, Some(pull.after));
     dialect_response(pull.dialect, &encode::pull_response(pull.dialect, page), page.repository_generation)
 }
 

@@ -5,6 +5,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::auth::AuthUser;
+use crate::db::presence;
 use crate::db::users::{self as db_users, UserRow, UserUpdate};
 use crate::domain::role::Role;
 use crate::domain::{time, user as rules};
@@ -56,7 +57,36 @@ pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespons
     let st = state(&req)?;
     let db = st.pool.get().await?;
     let users = db_users::list(&db).await?;
-    Ok(HttpResponse::Ok().json(users.iter().map(user_json).collect::<Vec<_>>()))
+    let mut devices = presence::all_by_user(&db).await?;
+    let items: Vec<Value> = users
+        .iter()
+        .map(|u| {
+            let mut item = user_json(u);
+            item["presence"] = presence_json(devices.remove(&u.username).unwrap_or_default());
+            item
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(items))
+}
+
+/// `presence` of a user in `GET /users` (API.md 17.4): null when never seen.
+fn presence_json(devices: Vec<presence::DeviceRow>) -> Value {
+    let Some(last) = devices.iter().map(|d| d.last_seen_at).max() else {
+        return Value::Null;
+    };
+    let clients: Vec<Value> = devices
+        .iter()
+        .map(|d| {
+            json!({
+                "clientId": d.client_id,
+                "lastSeenAt": time::format(d.last_seen_at),
+                "lastDataVersion": d.last_data_version,
+                "appBundleVersion": d.app_bundle_version,
+                "lastOdeVersion": d.client_version,
+            })
+        })
+        .collect();
+    json!({"lastSeenAt": time::format(last), "clientCount": clients.len(), "clients": clients})
 }
 
 pub async fn create(
