@@ -72,7 +72,7 @@ export const fmtNum = (n) => (n === null || n === undefined ? '—' : Number(n).
 /** The server's error as shown to the user: its message, then each item problem. */
 export function errorBox(err) {
   const items = (err.errors || []).map((e) =>
-    h('li', {}, e.path ? h('code', {}, e.path) : null, e.path ? ': ' : '', e.message || e.code || ''),
+    h('li', {}, e.path ? h('code', {}, e.path) : null, e.path ? ': ' : '', e.message || '', e.code ? ` (${e.code})` : ''),
   );
   return h(
     'div',
