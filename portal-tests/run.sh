@@ -29,6 +29,6 @@ for _ in $(seq 1 120); do
 done
 export PORTAL_BASE_URL="http://127.0.0.1:$port"
 status=0
-(cd "$here" && node --test --test-concurrency=1 --test-reporter=spec) || status=$?
+(cd "$here" && node --test --test-reporter=spec) || status=$?
 if [ "$status" != 0 ]; then echo "--- server log ---"; tail -n 50 "$data/server.log"; fi
 exit "$status"

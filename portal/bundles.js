@@ -177,8 +177,11 @@ function compareForm(versions, active) {
   if (versions.length < 2) return h('p', { class: 'empty' }, 'Two versions are needed for a comparison.');
   const options = (selected) =>
     versions.map((v) => h('option', { value: v.version, selected: v.version === selected }, v.active ? `${v.version} (active)` : v.version));
-  const current = h('select', { id: 'compare-current' }, options((active || versions[1]).version));
-  const target = h('select', { id: 'compare-target' }, options(versions[0].version));
+  // From the active version (else the previous one) to the newest other version.
+  const from = (active || versions[1]).version;
+  const to = versions.find((v) => v.version !== from).version;
+  const current = h('select', { id: 'compare-current' }, options(from));
+  const target = h('select', { id: 'compare-target' }, options(to));
   const out = h('div', { id: 'compare-result', 'aria-live': 'polite' });
   const submit = h('button', { class: 'primary' }, 'Compare');
   return h(

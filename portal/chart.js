@@ -19,8 +19,11 @@ function niceMax(max) {
 }
 
 /** Columns over time: points = [{label, count}]. */
+// Drawn for the space available, so that labels keep a readable size on phones.
+const chartWidth = () => Math.min(720, Math.max(320, (document.getElementById('main')?.clientWidth || 720) - 48));
+
 export function columnChart(title, points, unit = 'observations') {
-  const width = 720;
+  const width = chartWidth();
   const height = 240;
   const pad = { l: 44, r: 8, t: 12, b: 40 };
   const max = niceMax(Math.max(0, ...points.map((p) => p.count)));
@@ -41,7 +44,7 @@ export function columnChart(title, points, unit = 'observations') {
     svg.append(s('line', { x1: pad.l, x2: width - pad.r, y1: y, y2: y, class: 'grid' }));
     svg.append(s('text', { x: pad.l - 6, y: y + 4, class: 'axis', 'text-anchor': 'end' }, fmtNum(v)));
   }
-  const labelEvery = Math.ceil(points.length / 8);
+  const labelEvery = Math.ceil(points.length / Math.max(2, Math.floor(width / 90)));
   points.forEach((p, i) => {
     const barH = (p.count / max) * innerH;
     const x = pad.l + i * slot + slot * 0.15;
@@ -66,8 +69,8 @@ export function columnChart(title, points, unit = 'observations') {
 /** Horizontal bars, one per category: items = [{label, count}]. */
 export function barChart(title, items) {
   const row = 28;
-  const width = 720;
-  const labelW = 200;
+  const width = chartWidth();
+  const labelW = Math.round(width * 0.3);
   const height = Math.max(items.length, 1) * row + 8;
   const max = Math.max(1, ...items.map((p) => p.count));
   const svg = s('svg', {
@@ -79,7 +82,8 @@ export function barChart(title, items) {
   items.forEach((p, i) => {
     const y = 4 + i * row;
     const w = ((width - labelW - 70) * p.count) / max;
-    svg.append(s('text', { x: labelW - 8, y: y + 18, class: 'axis', 'text-anchor': 'end' }, p.label));
+    const label = p.label.length > labelW / 7 ? `${p.label.slice(0, Math.floor(labelW / 7) - 1)}…` : p.label;
+    svg.append(s('text', { x: labelW - 8, y: y + 18, class: 'axis', 'text-anchor': 'end' }, label));
     const bar = s('rect', { x: labelW, y: y + 4, width: Math.max(w, 1), height: row - 10, class: `bar c${i % 6}` });
     bar.append(s('title', {}, `${p.label}: ${fmtNum(p.count)}`));
     svg.append(bar);

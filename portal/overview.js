@@ -49,8 +49,8 @@ export async function render(main) {
         stat(
           'Change rate',
           rate
-            ? `${rate.perMinute.toFixed(1)} / min (last ${Math.round(rate.seconds)} s)`
-            : 'measuring… (refreshes every 15 s)',
+            ? [`${rate.perMinute.toFixed(1)} / min`, h('small', {}, `over the last ${Math.round(rate.seconds)} s`)]
+            : ['measuring…', h('small', {}, 'updated every 15 s')],
         ),
         stat('Uptime', `${Math.floor(st.uptime_seconds / 3600)} h ${Math.floor((st.uptime_seconds % 3600) / 60)} min`),
       );
