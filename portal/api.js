@@ -4,6 +4,9 @@
 
 const API_ROOT = new URL('..', document.baseURI);
 const KEY = 'synkronus.portal.session';
+// Every authenticated request counts as presence (API.md 17.4): name the portal, so that it is
+// listed as "portal" among the devices rather than as an unnamed client.
+const CLIENT_ID = 'portal';
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -100,6 +103,7 @@ async function send(method, path, { query, json, headers, body } = {}, retried =
   const h = new Headers(headers || {});
   const token = await freshToken();
   if (token) h.set('Authorization', `Bearer ${token}`);
+  h.set('x-ode-client-id', CLIENT_ID);
   let payload = body;
   if (json !== undefined) {
     h.set('Content-Type', 'application/json');
@@ -173,6 +177,7 @@ export async function upload(path, form, onProgress, query, retried = false) {
     const xhr = new XMLHttpRequest();
     xhr.open('POST', apiUrl(path, query));
     if (token) xhr.setRequestHeader('Authorization', `Bearer ${token}`);
+    xhr.setRequestHeader('x-ode-client-id', CLIENT_ID);
     xhr.responseType = 'text';
     xhr.upload.addEventListener('progress', (e) => {
       if (onProgress) onProgress(e.loaded, e.lengthComputable ? e.total : null);
@@ -219,7 +224,9 @@ export async function logout() {
   try {
     await fetch(apiUrl('auth/logout'), {
       method: 'POST',
-      headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${current.token}` },
+      headers: {
+        'Content-Type': 'application/json', Authorization: `Bearer ${current.token}`, 'x-ode-client-id': CLIENT_ID,
+      },
       body: JSON.stringify({ refresh_token: current.refreshToken }),
     });
   } finally {

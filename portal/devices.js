@@ -25,7 +25,7 @@ export async function render(main) {
     field('Stale after', stale).wrap,
     h('button', { class: 'primary' }, 'Apply'),
   );
-  main.append(section('Devices', form, slot, list));
+  main.append(section('Presence', form, slot, list));
 
   async function load() {
     try {

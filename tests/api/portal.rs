@@ -13,7 +13,7 @@ fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder().redirect(redirect::Policy::none()).build().expect("client")
 }
 
-fn header<'a>(res: &'a reqwest::Response, name: impl reqwest::header::AsHeaderName) -> &'a str {
+fn header(res: &reqwest::Response, name: impl reqwest::header::AsHeaderName) -> &str {
     res.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
 
