@@ -30,9 +30,21 @@ const PNG = Buffer.from(
   'base64',
 );
 
-async function api(method, p, { token = adminToken, json, body, headers = {} } = {}) {
+let adminTokenAt = 0;
+
+/** An admin token for seeding and checks; access tokens live only PORTAL_JWT_TTL seconds here. */
+async function admin() {
+  if (Date.now() - adminTokenAt > 8_000) {
+    adminToken = await login('admin', ADMIN_PASSWORD);
+    adminTokenAt = Date.now();
+  }
+  return adminToken;
+}
+
+async function api(method, p, { token, json, body, headers = {} } = {}) {
   const h = { ...headers };
-  if (token) h.Authorization = `Bearer ${token}`;
+  const bearer = token === undefined ? await admin() : token;
+  if (bearer) h.Authorization = `Bearer ${bearer}`;
   let payload = body;
   if (json !== undefined) {
     h['Content-Type'] = 'application/json';
@@ -64,7 +76,6 @@ async function pushFixture(name, transmissionId) {
 
 before(async () => {
   await mkdir(shots, { recursive: true });
-  adminToken = await login('admin', ADMIN_PASSWORD);
   // Ten records, then an update of one of them: obs_001 gets a history of two revisions.
   await pushFixture('test_observations.json');
   await pushFixture('test_update_observations.json');
@@ -185,6 +196,36 @@ test('sign in, see the overview, sign out revokes the token', async () => {
   await page.getByText('You have signed out.').waitFor();
   assert.equal((await api('GET', 'auth/me', { token })).status, 401);
   assert.equal(await page.evaluate(() => sessionStorage.getItem('synkronus.portal.session')), null);
+});
+
+test('an expired access token is renewed through /auth/refresh', async () => {
+  const page = await newPage();
+  await signIn(page);
+  const refreshes = [];
+  page.on('request', (r) => {
+    if (r.url().endsWith('/auth/refresh')) refreshes.push(r.url());
+  });
+  // Hide the expiry from the portal so that the server's TOKEN_EXPIRED answer drives the refresh.
+  const old = await page.evaluate(() => {
+    const s = JSON.parse(sessionStorage.getItem('synkronus.portal.session'));
+    sessionStorage.setItem('synkronus.portal.session', JSON.stringify({ ...s, expiresAt: s.expiresAt + 86400 }));
+    return s;
+  });
+  await page.reload();
+  await page.getByRole('button', { name: 'Sign out' }).waitFor();
+  const ttl = Number(process.env.PORTAL_JWT_TTL || 20);
+  const deadline = Date.now() + (ttl + 5) * 1000;
+  while ((await api('GET', 'auth/me', { token: old.token })).status === 200) {
+    assert.ok(Date.now() < deadline, 'the access token did not expire');
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  await go(page, '#/users');
+  await page.locator('tr', { hasText: 'admin' }).first().waitFor();
+  assert.equal(refreshes.length, 1);
+  const now = await page.evaluate(() => JSON.parse(sessionStorage.getItem('synkronus.portal.session')));
+  assert.notEqual(now.token, old.token);
+  assert.notEqual(now.refreshToken, old.refreshToken);
+  assert.equal((await api('GET', 'auth/me', { token: now.token })).status, 200);
 });
 
 test('upload the fixture bundle with a progress bar and activate it', async () => {

@@ -20,7 +20,7 @@ stop() {
 trap stop EXIT
 DATA_ROOT="$data" PORT="$port" BIND_ADDRESS=127.0.0.1 ADMIN_USERNAME=admin ADMIN_PASSWORD="$PORTAL_ADMIN_PASSWORD" \
   JWT_SECRET="portal-tests-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" LOG_LEVEL=warn \
-  RATE_LIMIT_LOGIN_PER_MIN=0 "$bin" serve >"$data/server.log" 2>&1 &
+  JWT_TTL_SECONDS=20 RATE_LIMIT_LOGIN_PER_MIN=0 "$bin" serve >"$data/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 120); do
   if curl -fsS "http://127.0.0.1:$port/ready" >/dev/null 2>&1; then break; fi
@@ -28,6 +28,8 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 export PORTAL_BASE_URL="http://127.0.0.1:$port"
+# Short-lived access tokens, so that the tests see the portal refresh them.
+export PORTAL_JWT_TTL=20
 status=0
 (cd "$here" && node --test --test-reporter=spec) || status=$?
 if [ "$status" != 0 ]; then echo "--- server log ---"; tail -n 50 "$data/server.log"; fi

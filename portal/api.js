@@ -41,6 +41,7 @@ function fromLogin(body) {
     token: body.token,
     refreshToken: body.refresh_token || body.refreshToken,
     expiresAt: body.expiresAt,
+    ttl: body.expires_in,
     user: body.user,
   };
 }
@@ -93,9 +94,10 @@ export function refresh() {
   return refreshing;
 }
 
-/** Refreshes ahead of time when the access token has under 30 s left. */
+/** Refreshes ahead of time when the access token has under 30 s (or a quarter of its life) left. */
 async function freshToken() {
-  if (session && session.expiresAt && session.expiresAt * 1000 - Date.now() < 30_000) await refresh();
+  const margin = Math.min(30_000, (session?.ttl || 3600) * 250);
+  if (session && session.expiresAt && session.expiresAt * 1000 - Date.now() < margin) await refresh();
   return session ? session.token : null;
 }
 
