@@ -23,7 +23,8 @@ DATA_ROOT="$data" PORT="$port" BIND_ADDRESS=127.0.0.1 ADMIN_USERNAME=admin ADMIN
   JWT_TTL_SECONDS=20 RATE_LIMIT_LOGIN_PER_MIN=0 "$bin" serve >"$data/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 120); do
-  if curl -fsS "http://127.0.0.1:$port/ready" >/dev/null 2>&1; then break; fi
+  if node -e 'fetch(process.argv[1]).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))' \
+    "http://127.0.0.1:$port/ready"; then break; fi
   if ! kill -0 "$server_pid" 2>/dev/null; then cat "$data/server.log"; echo "the server did not start" >&2; exit 1; fi
   sleep 0.5
 done

@@ -11,7 +11,8 @@ const roleSelect = (current, label) =>
   h(
     'select',
     { 'aria-label': label },
-    ROLES.map((r) => h('option', { value: r, selected: r === current }, r)),
+    // defaultSelected, so that a form reset comes back to the current role.
+    ROLES.map((r) => h('option', { value: r, selected: r === current, defaultSelected: r === current }, r)),
   );
 
 export async function render(main) {
@@ -84,7 +85,12 @@ export async function render(main) {
             },
             { label: 'Created', cell: (u) => timeEl(u.created_at) },
             { label: 'Last sign-in', cell: (u) => timeEl(u.last_login, true) },
-            { label: 'Devices', cell: (u) => (u.presence ? String(u.presence.clientCount) : '0'), class: 'num' },
+            {
+              label: 'Devices',
+              // null: never seen; absent: the server does not report presence with users.
+              cell: (u) => (u.presence === undefined ? '—' : String(u.presence ? u.presence.clientCount : 0)),
+              class: 'num',
+            },
             {
               label: 'Actions',
               cell: (u) => {
