@@ -78,7 +78,8 @@ export async function render(main) {
     }
 
     if (devs.status === 'fulfilled' && devs.value) {
-      const list = devs.value;
+      // The portal's own sessions are presence too, but not part of the fleet.
+      const list = devs.value.filter((d) => d.client_id !== 'portal');
       const day = Date.now() - 86_400_000;
       const recent = list.filter((d) => new Date(d.last_seen_at).getTime() >= day);
       const lagging = list.filter((d) => d.lag > 0).sort((a, b) => b.lag - a.lag);
