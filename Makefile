@@ -5,13 +5,23 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 TEST_PG_DIR ?= /tmp/synkronus-test-pg
 
-.PHONY: run test deps build release stop-test-cluster
+.PHONY: run test deps build release stop-test-cluster portal-test
 
-## Installs PostgreSQL when its binaries are missing (the server runs a private cluster with them).
+## Installs what is missing: PostgreSQL (the server runs a private cluster with it), and for the
+## portal's browser tests Chromium, its driver, Node.js and the tests' npm packages.
 deps:
 	@if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 		echo "installing PostgreSQL (apt-get)"; \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
+	fi
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1 \
+		|| ! command -v npm >/dev/null 2>&1; then \
+		echo "installing Chromium and Node.js (apt-get)"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+			chromium chromium-driver $$(command -v npm >/dev/null 2>&1 || echo nodejs npm); \
+	fi
+	@if [ ! -d portal-tests/node_modules/playwright-core ]; then \
+		cd portal-tests && npm ci --no-audit --no-fund; \
 	fi
 
 ## A JWT secret is required; generate one once, kept in .env (never committed).
@@ -28,9 +38,18 @@ release:
 run: deps .env release
 	$(TARGET_DIR)/release/synkronus serve
 
-## Everything the tests need, then all tests (unit + black-box against a real PostgreSQL).
+## Everything the tests need, then all tests (unit + black-box against a real PostgreSQL), then the
+## portal in a headless browser.
 test: deps
-	$(CARGO) test --workspace -- --test-threads=4; status=$$?; $(MAKE) --no-print-directory stop-test-cluster; exit $$status
+	$(CARGO) test --workspace -- --test-threads=4; status=$$?; $(MAKE) --no-print-directory stop-test-cluster; \
+	$(MAKE) --no-print-directory portal-test || status=1; exit $$status
+
+## Browser tests of the portal: builds the server, runs it on a temporary embedded database and a
+## free port, drives it with headless Chromium (portal-tests/), then stops it. Screenshots land in
+## docs/screenshots/.
+portal-test:
+	$(CARGO) build --bin synkronus
+	portal-tests/run.sh $(TARGET_DIR)/debug/synkronus
 
 stop-test-cluster:
 	@pg_ctl=$$(command -v pg_ctl || ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n 1); \

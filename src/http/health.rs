@@ -13,7 +13,11 @@ use crate::http::context::SERVER_VERSION;
 use crate::http::extract::{state, Auth};
 use crate::state::AppState;
 
-pub async fn root() -> HttpResponse {
+/// Browsers that prefer HTML go to the portal (API.md 17.9); everybody else gets the descriptor.
+pub async fn root(req: HttpRequest) -> HttpResponse {
+    if let Some(redirect) = crate::http::portal::redirect_to_portal(&req) {
+        return redirect;
+    }
     HttpResponse::Ok().json(json!({
         "service": "synkronus",
         "version": SERVER_VERSION,

@@ -11,6 +11,7 @@ pub mod extract;
 pub mod formspecs;
 pub mod health;
 pub mod observations;
+pub mod portal;
 pub mod request_id;
 pub mod routing;
 pub mod sync;
@@ -32,10 +33,12 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     export::routes(cfg);
 }
 
-/// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.
+/// `/api/v1` before `/api` so that the longer prefix wins; `GET /` and the portal exist only at
+/// the root.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::scope("/api/v1").configure(api_routes))
         .service(web::scope("/api").configure(api_routes))
         .service(routing::resource("/", "GET, HEAD").route(routing::get().to(health::root)))
+        .configure(portal::routes)
         .configure(api_routes);
 }

@@ -10,5 +10,6 @@ mod conventions;
 mod export;
 mod formspecs;
 mod health;
+mod portal;
 mod sync;
 mod users;

@@ -1,0 +1,415 @@
+// Browser tests of the admin portal: Playwright's core library drives Debian's Chromium against a
+// server started by run.sh (PORTAL_BASE_URL, PORTAL_ADMIN_PASSWORD). Data is seeded through the
+// public API; every step after that goes through the UI. Each test saves a screenshot to
+// docs/screenshots/.
+import { test, before, after, afterEach } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFile, mkdir } from 'node:fs/promises';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repo = path.resolve(here, '..');
+const shots = path.join(repo, 'docs', 'screenshots');
+const fixtures = path.join(repo, 'tests', 'fixtures', 'upstream');
+const BASE = process.env.PORTAL_BASE_URL;
+const ADMIN_PASSWORD = process.env.PORTAL_ADMIN_PASSWORD;
+const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
+if (!BASE || !ADMIN_PASSWORD) throw new Error('run these tests through portal-tests/run.sh');
+
+let browser;
+let adminToken;
+const pageErrors = [];
+const foreignRequests = [];
+const contexts = [];
+
+// A 2x2 PNG, as an attachment to preview.
+const PNG = Buffer.from(
+  'iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGP4z8DAwMDAxMDAwMDAAAANHQEDasKb6QAAAABJRU5ErkJggg==',
+  'base64',
+);
+
+let adminTokenAt = 0;
+
+/** An admin token for seeding and checks; access tokens live only PORTAL_JWT_TTL seconds here. */
+async function admin() {
+  if (Date.now() - adminTokenAt > 8_000) {
+    adminToken = await login('admin', ADMIN_PASSWORD);
+    adminTokenAt = Date.now();
+  }
+  return adminToken;
+}
+
+async function api(method, p, { token, json, body, headers = {} } = {}) {
+  const h = { ...headers };
+  const bearer = token === undefined ? await admin() : token;
+  if (bearer) h.Authorization = `Bearer ${bearer}`;
+  let payload = body;
+  if (json !== undefined) {
+    h['Content-Type'] = 'application/json';
+    payload = JSON.stringify(json);
+  }
+  const res = await fetch(`${BASE}/${p.replace(/^\//, '')}`, { method, headers: h, body: payload });
+  const text = await res.text();
+  let data = text;
+  try {
+    data = JSON.parse(text);
+  } catch {
+    // Not JSON: kept as text.
+  }
+  return { status: res.status, data };
+}
+
+async function login(username, password) {
+  const res = await api('POST', 'auth/login', { token: null, json: { username, password } });
+  assert.equal(res.status, 200, JSON.stringify(res.data));
+  return res.data.token;
+}
+
+async function pushFixture(name, transmissionId) {
+  const payload = JSON.parse(await readFile(path.join(fixtures, name), 'utf8'));
+  if (transmissionId) payload.transmission_id = transmissionId;
+  const res = await api('POST', 'sync/push', { json: payload });
+  assert.equal(res.status, 200, JSON.stringify(res.data));
+}
+
+before(async () => {
+  await mkdir(shots, { recursive: true });
+  // Ten records, then an update of one of them: obs_001 gets a history of two revisions.
+  await pushFixture('test_observations.json');
+  await pushFixture('test_update_observations.json');
+  // A record with a photo, and the photo itself.
+  const put = await api('PUT', 'attachments/photo-portal-1.png', {
+    body: PNG,
+    headers: { 'Content-Type': 'image/png' },
+  });
+  assert.equal(put.status, 200, JSON.stringify(put.data));
+  const push = await api('POST', 'sync/push', {
+    json: {
+      transmission_id: 'portal-photo-1',
+      client_id: 'tablet-portal-07',
+      records: [{
+        observation_id: 'obs_photo_1', form_type: 'household', form_version: '1.0',
+        data: { head_name: 'Amina', photo: { type: 'image', id: 'photo-portal-1', filename: 'photo-portal-1.png' } },
+        created_at: '2026-01-10T08:00:00Z', updated_at: '2026-01-10T08:00:00Z', deleted: false,
+      }],
+    },
+  });
+  assert.equal(push.status, 200, JSON.stringify(push.data));
+
+  // Playwright gives every launch a fresh, temporary profile (its own --user-data-dir).
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: [
+      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      '--disable-dev-shm-usage',
+    ],
+  });
+});
+
+after(async () => {
+  for (const c of contexts) await c.close().catch(() => {});
+  if (browser) await browser.close();
+  assert.deepEqual(foreignRequests, [], 'the portal made requests to other hosts');
+});
+
+afterEach(() => {
+  const errors = pageErrors.splice(0);
+  assert.deepEqual(errors, [], 'the page raised JavaScript errors');
+});
+
+async function newPage(viewport = { width: 1280, height: 900 }) {
+  const context = await browser.newContext({ viewport, acceptDownloads: true });
+  contexts.push(context);
+  const page = await context.newPage();
+  page.setDefaultTimeout(15_000);
+  page.on('pageerror', (e) => pageErrors.push(String(e)));
+  page.on('console', (m) => {
+    if (m.type() === 'error' && !/status of 4\d\d/.test(m.text())) pageErrors.push(m.text());
+  });
+  page.on('request', (r) => {
+    const url = r.url();
+    if (!url.startsWith(BASE) && !url.startsWith('blob:') && !url.startsWith('data:')) foreignRequests.push(url);
+  });
+  return page;
+}
+
+async function signIn(page, username = 'admin', password = ADMIN_PASSWORD, start = '/portal/') {
+  await page.goto(`${BASE}${start}`);
+  await page.getByLabel('User name').fill(username);
+  await page.getByLabel('Password').fill(password);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByRole('button', { name: 'Sign out' }).waitFor();
+}
+
+const shot = (page, name) => page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: true });
+
+async function go(page, hash) {
+  await page.evaluate((h) => {
+    location.hash = h;
+  }, hash);
+  await page.waitForFunction(() => !document.getElementById('main').hasAttribute('aria-busy'));
+}
+
+async function upload(page, file, activate) {
+  await go(page, '#/bundles');
+  await page.setInputFiles('#bundle-file', file);
+  await page.getByLabel('Make it the active version').setChecked(activate);
+  await page.getByRole('button', { name: 'Upload', exact: true }).click();
+  await page.locator('#upload-result .ok, #upload-result .error').first().waitFor();
+}
+
+test('GET / sends browsers to the portal, which asks them to sign in', async () => {
+  const page = await newPage();
+  const res = await page.goto(`${BASE}/`);
+  assert.equal(new URL(res.url()).pathname, '/portal/');
+  await page.getByRole('heading', { name: 'Sign in' }).waitFor();
+  // API clients still get the JSON descriptor.
+  const json = await api('GET', '', { token: null });
+  assert.equal(json.data.service, 'synkronus');
+  // The wrong password shows the API's own message.
+  await page.getByLabel('User name').fill('admin');
+  await page.getByLabel('Password').fill('wrong-password');
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByRole('alert').getByText('Invalid credentials').waitFor();
+  await shot(page, 'sign-in');
+});
+
+test('sign in, see the overview, sign out revokes the token', async () => {
+  const page = await newPage();
+  await signIn(page, 'admin', ADMIN_PASSWORD, '/portal');
+  assert.equal(new URL(page.url()).pathname, '/portal/');
+  await page.locator('#observation-count').getByText('11').waitFor();
+  await page.locator('svg.chart').first().waitFor();
+  await page.getByText('Observations by form type').first().waitFor();
+  const server = await page.locator('#server-version').textContent();
+  assert.match(server, /^1\./);
+  await shot(page, 'overview');
+
+  const token = await page.evaluate(() => JSON.parse(sessionStorage.getItem('synkronus.portal.session')).token);
+  assert.equal((await api('GET', 'auth/me', { token })).status, 200);
+  await page.getByRole('button', { name: 'Sign out' }).click();
+  await page.getByRole('heading', { name: 'Sign in' }).waitFor();
+  await page.getByText('You have signed out.').waitFor();
+  assert.equal((await api('GET', 'auth/me', { token })).status, 401);
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('synkronus.portal.session')), null);
+});
+
+test('an expired access token is renewed through /auth/refresh', async () => {
+  const page = await newPage();
+  await signIn(page);
+  const refreshes = [];
+  page.on('request', (r) => {
+    if (r.url().endsWith('/auth/refresh')) refreshes.push(r.url());
+  });
+  // Hide the expiry from the portal so that the server's TOKEN_EXPIRED answer drives the refresh.
+  const old = await page.evaluate(() => {
+    const s = JSON.parse(sessionStorage.getItem('synkronus.portal.session'));
+    sessionStorage.setItem('synkronus.portal.session', JSON.stringify({ ...s, expiresAt: s.expiresAt + 86400 }));
+    return s;
+  });
+  await page.reload();
+  await page.getByRole('button', { name: 'Sign out' }).waitFor();
+  const ttl = Number(process.env.PORTAL_JWT_TTL || 20);
+  const deadline = Date.now() + (ttl + 5) * 1000;
+  while ((await api('GET', 'auth/me', { token: old.token })).status === 200) {
+    assert.ok(Date.now() < deadline, 'the access token did not expire');
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  await go(page, '#/users');
+  await page.locator('tr', { hasText: 'admin' }).first().waitFor();
+  assert.equal(refreshes.length, 1);
+  const now = await page.evaluate(() => JSON.parse(sessionStorage.getItem('synkronus.portal.session')));
+  assert.notEqual(now.token, old.token);
+  assert.notEqual(now.refreshToken, old.refreshToken);
+  assert.equal((await api('GET', 'auth/me', { token: now.token })).status, 200);
+});
+
+test('upload the fixture bundle with a progress bar and activate it', async () => {
+  const page = await newPage();
+  await signIn(page);
+  await upload(page, path.join(fixtures, 'valid_bundle01.zip'), true);
+  const result = await page.locator('#upload-result').textContent();
+  assert.match(result, /Uploaded version \d{8}-\d{6}(-\d+)? and made it active/);
+  assert.equal(await page.locator('.progress progress').evaluate((p) => p.value), 1);
+  const version = await page.locator('#upload-result code').textContent();
+  await page.locator('#manifest-version').getByText(version).waitFor();
+  await page.locator('tr.active code').getByText(version, { exact: true }).waitFor();
+  await shot(page, 'bundle-upload');
+});
+
+test('a broken bundle is rejected with every validation problem listed', async () => {
+  const page = await newPage();
+  await signIn(page);
+  const before = (await api('GET', 'app-bundle/versions')).data.versions.length;
+  await upload(page, path.join(here, 'fixtures', 'broken_bundle.zip'), false);
+  const box = page.locator('#upload-result .error');
+  await box.getByText('INVALID_BUNDLE').waitFor();
+  const problems = await box.locator('.problems li').allTextContents();
+  assert.equal(problems.length, 3, problems.join('\n'));
+  assert.ok(problems.some((p) => p.includes('readme.txt') && p.includes('UNEXPECTED_ENTRY')), problems.join('\n'));
+  assert.ok(problems.some((p) => p.includes('MISSING_APP_INDEX')), problems.join('\n'));
+  assert.equal((await api('GET', 'app-bundle/versions')).data.versions.length, before);
+  await shot(page, 'bundle-invalid');
+});
+
+test('compare versions, switch, see the manifest change, roll back, browse files', async () => {
+  const page = await newPage();
+  await signIn(page);
+  if (!(await api('GET', 'app-bundle/versions')).data.versions.some((v) => v.active)) {
+    await upload(page, path.join(fixtures, 'valid_bundle01.zip'), true);
+  }
+  await upload(page, path.join(fixtures, 'valid_bundle02.zip'), false);
+  const second = await page.locator('#upload-result code').textContent();
+  const first = (await api('GET', 'app-bundle/manifest')).data.version;
+  assert.notEqual(first, second);
+  await page.locator('#manifest-version').getByText(first).waitFor();
+
+  // The changes from the active version to the new one.
+  await page.getByRole('button', { name: 'Compare' }).click();
+  await page.locator('#compare-result').getByText('app/THIS_IS_VERSION_2.txt').waitFor();
+  await page.locator('#compare-result .modified').getByText('forms/example/schema.json').waitFor();
+
+  // Switch, with a confirmation.
+  await page.getByRole('button', { name: `Switch to ${second}` }).click();
+  await page.getByRole('dialog').getByRole('button', { name: 'Switch' }).click();
+  await page.locator('#manifest-version').getByText(second).waitFor();
+  const manifest = (await api('GET', 'app-bundle/manifest')).data;
+  assert.equal(manifest.version, second);
+  assert.ok(manifest.files.some((f) => f.path === 'app/THIS_IS_VERSION_2.txt'));
+  await page.locator('#manifest-files').getByText(new RegExp(`^${manifest.files.length} `)).waitFor();
+  await shot(page, 'bundle-switch');
+
+  // Roll back: the older version is offered as a roll-back; cancelling changes nothing.
+  await page.getByRole('button', { name: `Roll back to ${first}` }).click();
+  await page.getByRole('dialog').getByRole('button', { name: 'Cancel' }).click();
+  assert.equal((await api('GET', 'app-bundle/manifest')).data.version, second);
+  await page.getByRole('button', { name: `Roll back to ${first}` }).click();
+  await page.getByRole('dialog').getByRole('button', { name: 'Roll back' }).click();
+  await page.locator('#manifest-version').getByText(first).waitFor();
+  assert.equal((await api('GET', 'app-bundle/manifest')).data.version, first);
+
+  // The files of the inactive version, read from its ZIP; a JSON file opens formatted.
+  await go(page, `#/bundles/${second}`);
+  await page.getByRole('button', { name: 'app/THIS_IS_VERSION_2.txt' }).waitFor();
+  await page.getByRole('button', { name: 'forms/example/schema.json' }).click();
+  await page.locator('#file-preview pre').getByText('"properties"').waitFor();
+  await shot(page, 'bundle-files');
+});
+
+test('create a user, change its role, and sign in as them', async () => {
+  const page = await newPage();
+  await signIn(page);
+  await go(page, '#/users');
+  const form = page.locator('form.grid-form');
+  // The API's own message for a weak password.
+  await form.getByLabel('User name').fill('enum-portal');
+  await form.getByLabel('Password').fill('short');
+  await page.evaluate(() => document.querySelector('form.grid-form input[type=password]').removeAttribute('minlength'));
+  await form.getByLabel('Role').selectOption('read-write');
+  await page.getByRole('button', { name: 'Create user' }).click();
+  await page.getByRole('alert').getByText('WEAK_PASSWORD').waitFor();
+  await form.getByLabel('Password').fill('enumerator-pass-1');
+  await page.getByRole('button', { name: 'Create user' }).click();
+  await page.getByText('Created enum-portal (read-write).').waitFor();
+  const row = page.locator('tr', { hasText: 'enum-portal' });
+  await row.getByLabel('Role of enum-portal', { exact: true }).selectOption('read-only');
+  await row.getByRole('button', { name: 'Save the role of enum-portal' }).click();
+  await page.getByText('enum-portal is now read-only.').first().waitFor();
+  assert.equal((await api('GET', 'users/enum-portal')).data.role, 'read-only');
+  await shot(page, 'users');
+
+  const other = await newPage();
+  await signIn(other, 'enum-portal', 'enumerator-pass-1');
+  const nav = await other.getByRole('navigation', { name: 'Main' }).textContent();
+  assert.ok(!nav.includes('Users') && !nav.includes('Devices'), nav);
+  await other.locator('#manifest-version').or(other.locator('.stats')).first().waitFor();
+  await go(other, '#/bundles');
+  assert.equal(await other.getByRole('button', { name: 'Upload', exact: true }).count(), 0);
+  assert.equal(await other.getByRole('button', { name: /^Roll back to|^Switch to/ }).count(), 0);
+  await go(other, '#/users');
+  await other.getByText('This page is for admins.').waitFor();
+  await go(other, '#/overview');
+  await other.locator('#active-bundle').waitFor();
+  await shot(other, 'read-only-user');
+});
+
+test('browse a pushed observation: its JSON, history and attachment', async () => {
+  const page = await newPage();
+  await signIn(page);
+  await go(page, '#/observations');
+  await page.getByLabel('Form type').fill('person_registration');
+  await page.getByRole('button', { name: 'Search' }).click();
+  await page.getByRole('link', { name: 'obs_001' }).waitFor();
+  const rows = await page.locator('tbody tr').count();
+  assert.equal(rows, 10);
+  await page.getByRole('link', { name: 'obs_001' }).click();
+  await page.locator('#record-json').getByText('"observation_id": "obs_001"').waitFor();
+  await page.locator('#history tr.revision').nth(1).waitFor();
+  assert.equal(await page.locator('#history tr.revision').count(), 2);
+  await shot(page, 'observation-history');
+
+  // Look-up by id, then the photo previewed from the attachment store.
+  await go(page, '#/observations');
+  await page.getByLabel('Observation id').fill('obs_photo_1');
+  await page.getByRole('button', { name: 'Open' }).click();
+  const img = page.locator('#attachments img');
+  await img.waitFor();
+  await page.waitForFunction(() => document.querySelector('#attachments img').naturalWidth > 0);
+  const download = page.waitForEvent('download');
+  await page.getByRole('button', { name: 'Download photo-portal-1.png' }).click();
+  assert.equal((await download).suggestedFilename(), 'photo-portal-1.png');
+  await shot(page, 'observation-attachment');
+});
+
+test('run an export job to completion and download it', async () => {
+  const page = await newPage();
+  await signIn(page);
+  await go(page, '#/exports');
+  await page.getByLabel('CSV (ZIP, one file per form type)').check();
+  await page.getByRole('button', { name: 'Run as a job' }).click();
+  const job = page.locator('#jobs li.job').first();
+  await job.locator('button.job-download').waitFor({ timeout: 30_000 });
+  assert.equal(await job.getAttribute('data-state'), 'done');
+  assert.equal(await job.locator('progress').evaluate((p) => p.value), 1);
+  const download = page.waitForEvent('download');
+  await job.locator('button.job-download').click();
+  const file = await download;
+  assert.equal(file.suggestedFilename(), 'observations_export_csv.zip');
+  const bytes = await readFile(await file.path());
+  assert.equal(bytes.subarray(0, 2).toString(), 'PK');
+  await shot(page, 'export-job');
+
+  // A streamed format without a job.
+  await page.getByLabel('Raw JSON (ZIP, one file per record)').check();
+  assert.ok(await page.getByRole('button', { name: 'Run as a job' }).isDisabled());
+  const raw = page.waitForEvent('download');
+  await page.getByRole('button', { name: 'Download now' }).click();
+  assert.equal((await raw).suggestedFilename().endsWith('.zip'), true);
+});
+
+test('devices: presence with cursor lag; the layout works at 375 px', async () => {
+  // Presence is written off the request path: wait until the pushes' devices are listed.
+  for (let i = 0; i < 40; i += 1) {
+    const list = (await api('GET', 'devices')).data;
+    if (list.some((d) => d.client_id === 'tablet-portal-07')) break;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  const page = await newPage();
+  await signIn(page);
+  await go(page, '#/devices');
+  await page.locator('tbody tr', { hasText: 'tablet-portal-07' }).waitFor();
+  await page.locator('tbody tr', { hasText: 'test-client-001' }).getByText(/behind/).waitFor();
+  await shot(page, 'devices');
+
+  const phone = await newPage({ width: 375, height: 812 });
+  await signIn(phone);
+  await phone.locator('#observation-count').waitFor();
+  await phone.locator('svg.chart').first().waitFor();
+  const overflow = await phone.evaluate(() => document.documentElement.scrollWidth);
+  assert.ok(overflow <= 375, `the page is ${overflow}px wide at 375px`);
+  await shot(phone, 'overview-mobile');
+});

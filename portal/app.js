@@ -1,0 +1,148 @@
+// The portal shell: sign-in, navigation by role, and hash routing (#/overview, #/devices, ...).
+import * as api from './api.js';
+import { h, field, errorBox, announce } from './ui.js';
+import * as overview from './overview.js';
+import * as devices from './devices.js';
+import * as users from './users.js';
+import * as bundles from './bundles.js';
+import * as observations from './observations.js';
+import * as exports from './exports.js';
+
+const ROUTES = [
+  { path: 'overview', title: 'Overview', render: overview.render },
+  { path: 'devices', title: 'Devices', render: devices.render, admin: true },
+  { path: 'users', title: 'Users', render: users.render, admin: true },
+  { path: 'bundles', title: 'App bundles', render: bundles.render, detail: bundles.renderFiles },
+  { path: 'observations', title: 'Observations', render: observations.render, detail: observations.renderOne },
+  { path: 'exports', title: 'Exports', render: exports.render },
+  { path: 'account', title: 'My account', render: users.renderAccount, hidden: true },
+];
+
+// Fragment links resolve against <base>: make the document URL the base URL itself, so that
+// `#/users` stays in this document whether it was opened as /portal, /portal/ or index.html.
+const base = new URL(document.baseURI);
+if (location.pathname + '/' === base.pathname || location.pathname === `${base.pathname}index.html`) {
+  history.replaceState(null, '', base.pathname + location.search + location.hash);
+}
+
+const main = document.getElementById('main');
+const nav = document.getElementById('nav');
+const who = document.getElementById('who');
+let cleanup = null;
+let signedOutReason = '';
+
+function parseHash() {
+  const [path, ...rest] = location.hash.replace(/^#\/?/, '').split('/');
+  return { path: path || 'overview', param: rest.length ? decodeURIComponent(rest.join('/')) : null };
+}
+
+function drawNav(current) {
+  const user = api.currentUser();
+  nav.replaceChildren(
+    h('ul', {}, ROUTES.filter((r) => !r.hidden && (!r.admin || api.isAdmin())).map((r) =>
+      h('li', {}, h('a', { href: `#/${r.path}`, 'aria-current': r.path === current ? 'page' : null }, r.title)))),
+  );
+  who.replaceChildren(
+    h('a', { href: '#/account', class: 'who', 'aria-current': current === 'account' ? 'page' : null },
+      h('span', { class: 'name' }, user.username), ' ', h('span', { class: `role role-${user.role}` }, user.role)),
+    h('button', { type: 'button', class: 'secondary small', id: 'sign-out', onclick: () => api.logout() }, 'Sign out'),
+  );
+}
+
+async function route() {
+  if (cleanup) {
+    cleanup();
+    cleanup = null;
+  }
+  if (!api.currentUser()) {
+    signIn();
+    return;
+  }
+  // Skip links and other in-page anchors are not routes.
+  if (location.hash && !location.hash.startsWith('#/')) return;
+  const { path, param } = parseHash();
+  const r = ROUTES.find((x) => x.path === path) || ROUTES[0];
+  const allowed = !r.admin || api.isAdmin();
+  drawNav(r.path);
+  document.body.classList.remove('signed-out');
+  document.title = `${r.title} · Synkronus`;
+  const heading = h('h1', { tabindex: '-1' }, r.title);
+  main.replaceChildren(heading);
+  main.setAttribute('aria-busy', 'true');
+  try {
+    if (!allowed) {
+      main.append(errorBox({ code: 'FORBIDDEN', message: 'This page is for admins.' }));
+    } else if (param !== null && r.detail) {
+      cleanup = (await r.detail(main, param)) || null;
+    } else {
+      cleanup = (await r.render(main)) || null;
+    }
+  } catch (err) {
+    main.append(errorBox(err));
+  } finally {
+    main.removeAttribute('aria-busy');
+  }
+  heading.focus({ preventScroll: true });
+  announce(`${r.title} loaded`);
+}
+
+function signIn() {
+  document.body.classList.add('signed-out');
+  nav.replaceChildren();
+  who.replaceChildren();
+  document.title = 'Sign in · Synkronus';
+  const username = h('input', { id: 'username', name: 'username', autocomplete: 'username', required: true });
+  const password = h('input', { id: 'password', name: 'password', type: 'password', autocomplete: 'current-password', required: true });
+  const slot = h('div', { 'aria-live': 'assertive' });
+  const submit = h('button', { class: 'primary', id: 'sign-in' }, 'Sign in');
+  const form = h(
+    'form',
+    {
+      class: 'signin card',
+      onsubmit: async (e) => {
+        e.preventDefault();
+        submit.disabled = true;
+        slot.replaceChildren();
+        try {
+          await api.login(username.value, password.value);
+        } catch (err) {
+          slot.replaceChildren(errorBox(err));
+          password.select();
+        } finally {
+          submit.disabled = false;
+        }
+      },
+    },
+    h('h1', {}, 'Sign in'),
+    signedOutReason ? h('p', { class: 'notice', role: 'status' }, signedOutReason) : null,
+    field('User name', username).wrap,
+    field('Password', password).wrap,
+    submit,
+    slot,
+  );
+  main.replaceChildren(form);
+  username.focus();
+}
+
+api.onSessionChange((session, reason) => {
+  if (session) {
+    // A refresh keeps the page; a new sign-in lands on the page asked for.
+    if (!document.body.classList.contains('signed-out')) return;
+    signedOutReason = '';
+    route();
+  } else {
+    signedOutReason = reason || '';
+    if (cleanup) {
+      cleanup();
+      cleanup = null;
+    }
+    signIn();
+  }
+});
+
+document.getElementById('skip').addEventListener('click', (e) => {
+  e.preventDefault();
+  (main.querySelector('h1') || main).focus();
+});
+window.addEventListener('hashchange', route);
+route();
