@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio_postgres::Row;
 
@@ -13,24 +14,29 @@ use crate::error::ApiResult;
 /// Serialises change_id allocation across server processes sharing one database.
 pub const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
 
-const RECORD_COLUMNS: &str =
-    "id, form_type, form_version, data, deleted, created_at, updated_at, synced_at, \
-     geolocation, author, device_id, tags, change_id";
+/// The JSON columns are read as text and kept raw (see `StoredRecord`).
+const RECORD_COLUMNS: &str = "id, form_type, form_version, data::text, deleted, created_at, updated_at, \
+     synced_at, geolocation::text, author, device_id, tags::text, change_id";
+
+/// Stored JSON text is valid JSON: PostgreSQL checked it on the way in.
+fn raw_json(text: String) -> Box<RawValue> {
+    RawValue::from_string(text).unwrap_or_else(|_| RawValue::NULL.to_owned())
+}
 
 fn record_from_row(row: &Row, offset: usize) -> StoredRecord {
     StoredRecord {
         id: row.get(offset),
         form_type: row.get(offset + 1),
         form_version: row.get(offset + 2),
-        data: row.get(offset + 3),
+        data: raw_json(row.get(offset + 3)),
         deleted: row.get(offset + 4),
         created_at: row.get(offset + 5),
         updated_at: row.get(offset + 6),
         synced_at: row.get(offset + 7),
-        geolocation: row.get(offset + 8),
+        geolocation: row.get::<_, Option<String>>(offset + 8).map(raw_json),
         author: row.get(offset + 9),
         device_id: row.get(offset + 10),
-        tags: row.get(offset + 11),
+        tags: row.get::<_, Option<String>>(offset + 11).map(raw_json),
         change_id: row.get(offset + 12),
     }
 }
@@ -388,8 +394,8 @@ pub async fn history(
 ) -> ApiResult<Vec<Revision>> {
     let rows = db
         .query(
-            "SELECT record_id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-                    geolocation, author, device_id, tags, change_id,
+            "SELECT record_id, form_type, form_version, data::text, deleted, created_at, updated_at, synced_at,
+                    geolocation::text, author, device_id, tags::text, change_id,
                     client_id, transmission_id, pushed_by, overwrote_version, conflict
              FROM record_revisions
              WHERE record_id = $1 AND ($2::bigint IS NULL OR change_id < $2)

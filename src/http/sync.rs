@@ -66,8 +66,8 @@ pub fn query_pairs(req: &HttpRequest) -> Vec<(String, String)> {
     form_urlencoded::parse(req.query_string().as_bytes()).into_owned().collect()
 }
 
-fn dialect_response(dialect: Dialect, body: &Value, generation: i64) -> HttpResponse {
-    let mut res = HttpResponse::Ok().json(body);
+fn dialect_response(dialect: Dialect, body: Vec<u8>, generation: i64) -> HttpResponse {
+    let mut res = HttpResponse::Ok().content_type("application/json").body(body);
     let headers = res.headers_mut();
     headers.insert(X_API_VERSION_USED.clone(), HeaderValue::from_static(dialect.api_version_used()));
     headers.insert(X_REPOSITORY_GENERATION.clone(), HeaderValue::from(generation));
@@ -98,8 +98,8 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
         .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))??;
     report_sync(&req, st, &caller.username, &client_id, Some(outcome.result.head));
     let result = &outcome.result;
-    let mut res =
-        dialect_response(dialect, &encode::push_response(dialect, result), result.repository_generation);
+    let body = serde_json::to_vec(&encode::push_response(dialect, result)).map_err(ApiError::internal)?;
+    let mut res = dialect_response(dialect, body, result.repository_generation);
     if outcome.replayed {
         res.headers_mut().insert(X_IDEMPOTENT_REPLAY.clone(), HeaderValue::from_static("true"));
     }
@@ -168,9 +168,10 @@ fn pull_response(
     username: &str,
     pull: &PullRequest,
     page: &PullPage,
-) -> HttpResponse {
+) -> ApiResult<HttpResponse> {
     report_sync(req, st, username, &pull.client_id, Some(pull.after));
-    dialect_response(pull.dialect, &encode::pull_response(pull.dialect, page), page.repository_generation)
+    let body = encode::pull_response(pull.dialect, page).map_err(ApiError::internal)?;
+    Ok(dialect_response(pull.dialect, body, page.repository_generation))
 }
 
 pub async fn pull(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody) -> ApiResult<HttpResponse> {
@@ -185,7 +186,7 @@ pub async fn pull(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
     };
     let pull = decode_pull(&body, &query)?;
     let page = pull_page(st, &pull, client_generation(&req, &body)).await?;
-    Ok(pull_response(&req, st, &caller.username, &pull, &page))
+    pull_response(&req, st, &caller.username, &pull, &page)
 }
 
 /// `GET /sync/pull`: the spec shape unless `x-api-version: 1.0.x` asks for the synkronus one.
@@ -198,7 +199,7 @@ pub async fn pull_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     };
     let pull = decode_pull_query(&query_pairs(&req), dialect)?;
     let page = pull_page(st, &pull, client_generation(&req, &Value::Null)).await?;
-    Ok(pull_response(&req, st, &caller.username, &pull, &page))
+    pull_response(&req, st, &caller.username, &pull, &page)
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

@@ -1,62 +1,91 @@
 //! Internal model -> wire, per dialect (API.md 8.7–8.9).
 
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::{Dialect, PullCursor, PullPage, PushResult, StoredRecord, Warning};
 use crate::domain::page_token::{self, TokenKind};
 use crate::domain::time::format;
 
-fn ts(t: Option<chrono::DateTime<chrono::Utc>>) -> Value {
-    t.map(|t| Value::String(format(t))).unwrap_or(Value::Null)
+fn ts(t: Option<chrono::DateTime<chrono::Utc>>) -> Option<String> {
+    t.map(format)
 }
 
-/// The synkronus Observation (8.7), also used by `/observations` and exports.
+/// The synkronus Observation (8.7). Borrowed, with raw JSON: serialising it copies the stored
+/// text and parses nothing.
+#[derive(Serialize)]
+struct SynkronusRecord<'a> {
+    observation_id: &'a str,
+    form_type: &'a str,
+    form_version: &'a str,
+    data: &'a RawValue,
+    created_at: Option<String>,
+    updated_at: Option<String>,
+    synced_at: String,
+    deleted: bool,
+    geolocation: Option<&'a RawValue>,
+    version: i64,
+    author: Option<&'a str>,
+    device_id: Option<&'a str>,
+    tags: Option<&'a RawValue>,
+}
+
+impl<'a> SynkronusRecord<'a> {
+    fn of(r: &'a StoredRecord) -> Self {
+        SynkronusRecord {
+            observation_id: &r.id,
+            form_type: &r.form_type,
+            form_version: &r.form_version,
+            data: &r.data,
+            created_at: ts(r.created_at),
+            updated_at: ts(r.updated_at),
+            synced_at: format(r.synced_at),
+            deleted: r.deleted,
+            geolocation: r.geolocation.as_deref(),
+            version: r.change_id,
+            author: r.author.as_deref(),
+            device_id: r.device_id.as_deref(),
+            tags: r.tags.as_deref(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct SpecRecord<'a> {
+    id: &'a str,
+    schema_type: &'a str,
+    schema_version: &'a str,
+    data: &'a RawValue,
+    change_id: i64,
+    last_modified: String,
+    deleted: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CamelRecord<'a> {
+    observation_id: &'a str,
+    form_type: &'a str,
+    form_version: &'a str,
+    data: &'a RawValue,
+    created_at: Option<String>,
+    updated_at: Option<String>,
+    synced_at: String,
+    deleted: bool,
+    geolocation: Option<&'a RawValue>,
+    version: i64,
+    author: Option<&'a str>,
+    device_id: Option<&'a str>,
+    tags: Option<&'a RawValue>,
+}
+
+/// The synkronus Observation as a JSON object, for the non-hot read paths that add fields.
 pub fn synkronus_record(r: &StoredRecord) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("observation_id".into(), r.id.clone().into());
-    m.insert("form_type".into(), r.form_type.clone().into());
-    m.insert("form_version".into(), r.form_version.clone().into());
-    m.insert("data".into(), r.data.clone());
-    m.insert("created_at".into(), ts(r.created_at));
-    m.insert("updated_at".into(), ts(r.updated_at));
-    m.insert("synced_at".into(), format(r.synced_at).into());
-    m.insert("deleted".into(), r.deleted.into());
-    m.insert("geolocation".into(), r.geolocation.clone().unwrap_or(Value::Null));
-    m.insert("version".into(), r.change_id.into());
-    m.insert("author".into(), r.author.clone().map(Value::from).unwrap_or(Value::Null));
-    m.insert("device_id".into(), r.device_id.clone().map(Value::from).unwrap_or(Value::Null));
-    m.insert("tags".into(), r.tags.clone().unwrap_or(Value::Null));
-    m
-}
-
-fn spec_record(r: &StoredRecord) -> Value {
-    json!({
-        "id": r.id,
-        "schema_type": r.form_type,
-        "schema_version": r.form_version,
-        "data": r.data,
-        "change_id": r.change_id,
-        "last_modified": format(r.synced_at),
-        "deleted": r.deleted,
-    })
-}
-
-fn camel_record(r: &StoredRecord) -> Value {
-    json!({
-        "observationId": r.id,
-        "formType": r.form_type,
-        "formVersion": r.form_version,
-        "data": r.data,
-        "createdAt": ts(r.created_at),
-        "updatedAt": ts(r.updated_at),
-        "syncedAt": format(r.synced_at),
-        "deleted": r.deleted,
-        "geolocation": r.geolocation.clone().unwrap_or(Value::Null),
-        "version": r.change_id,
-        "author": r.author,
-        "deviceId": r.device_id,
-        "tags": r.tags.clone().unwrap_or(Value::Null),
-    })
+    match serde_json::to_value(SynkronusRecord::of(r)) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
 }
 
 /// The continuation token: resumes after the cutoff while more remain, else after S.
@@ -64,41 +93,101 @@ pub fn next_page_token(page: &PullPage) -> String {
     page_token::encode(TokenKind::Pull, &PullCursor { a: page.resume_after(), t: page.types.clone() })
 }
 
-pub fn pull_response(dialect: Dialect, page: &PullPage) -> Value {
-    let mut body = pull_body(dialect, page);
-    body["repository_generation"] = page.repository_generation.into();
-    body
+#[derive(Serialize)]
+struct SynkronusPull<'a> {
+    current_version: i64,
+    records: Vec<SynkronusRecord<'a>>,
+    change_cutoff: i64,
+    has_more: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_page_token: Option<String>,
+    sync_format_version: &'static str,
+    repository_generation: i64,
 }
 
-fn pull_body(dialect: Dialect, page: &PullPage) -> Value {
+#[derive(Serialize)]
+struct SpecPull<'a> {
+    records: Vec<SpecRecord<'a>>,
+    change_cutoff: i64,
+    next_page_token: String,
+    has_more: bool,
+    repository_generation: i64,
+}
+
+#[derive(Serialize)]
+struct CamelChanges<'a> {
+    observations: Vec<CamelRecord<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CamelPull<'a> {
+    changes: CamelChanges<'a>,
+    timestamp: i64,
+    has_more: bool,
+    change_cutoff: i64,
+    #[serde(rename = "repository_generation")]
+    repository_generation: i64,
+}
+
+/// The pull response body in `dialect`, serialised.
+pub fn pull_response(dialect: Dialect, page: &PullPage) -> serde_json::Result<Vec<u8>> {
     let cutoff = page.change_cutoff();
     match dialect {
-        Dialect::Synkronus => {
-            let records: Vec<Value> =
-                page.records.iter().map(|r| Value::Object(synkronus_record(r))).collect();
-            let mut body = json!({
-                "current_version": page.head,
-                "records": records,
-                "change_cutoff": cutoff,
-                "has_more": page.has_more,
-                "sync_format_version": "1.0",
-            });
-            if page.has_more {
-                body["next_page_token"] = next_page_token(page).into();
-            }
-            body
-        }
-        Dialect::Spec => json!({
-            "records": page.records.iter().map(spec_record).collect::<Vec<_>>(),
-            "change_cutoff": cutoff,
-            "next_page_token": next_page_token(page),
-            "has_more": page.has_more,
+        Dialect::Synkronus => serde_json::to_vec(&SynkronusPull {
+            current_version: page.head,
+            records: page.records.iter().map(SynkronusRecord::of).collect(),
+            change_cutoff: cutoff,
+            has_more: page.has_more,
+            next_page_token: page.has_more.then(|| next_page_token(page)),
+            sync_format_version: "1.0",
+            repository_generation: page.repository_generation,
         }),
-        Dialect::Camel => json!({
-            "changes": {"observations": page.records.iter().map(camel_record).collect::<Vec<_>>()},
-            "timestamp": page.resume_after(),
-            "hasMore": page.has_more,
-            "changeCutoff": cutoff,
+        Dialect::Spec => serde_json::to_vec(&SpecPull {
+            records: page
+                .records
+                .iter()
+                .map(|r| SpecRecord {
+                    id: &r.id,
+                    schema_type: &r.form_type,
+                    schema_version: &r.form_version,
+                    data: &r.data,
+                    change_id: r.change_id,
+                    last_modified: format(r.synced_at),
+                    deleted: r.deleted,
+                })
+                .collect(),
+            change_cutoff: cutoff,
+            next_page_token: next_page_token(page),
+            has_more: page.has_more,
+            repository_generation: page.repository_generation,
+        }),
+        Dialect::Camel => serde_json::to_vec(&CamelPull {
+            changes: CamelChanges {
+                observations: page
+                    .records
+                    .iter()
+                    .map(|r| CamelRecord {
+                        observation_id: &r.id,
+                        form_type: &r.form_type,
+                        form_version: &r.form_version,
+                        data: &r.data,
+                        created_at: ts(r.created_at),
+                        updated_at: ts(r.updated_at),
+                        synced_at: format(r.synced_at),
+                        deleted: r.deleted,
+                        geolocation: r.geolocation.as_deref(),
+                        version: r.change_id,
+                        author: r.author.as_deref(),
+                        device_id: r.device_id.as_deref(),
+                        tags: r.tags.as_deref(),
+                    })
+                    .collect(),
+            },
+            timestamp: page.resume_after(),
+            has_more: page.has_more,
+            change_cutoff: cutoff,
+            repository_generation: page.repository_generation,
         }),
     }
 }

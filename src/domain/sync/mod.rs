@@ -5,6 +5,7 @@ pub mod encode;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -165,21 +166,22 @@ pub struct PullRequest {
     pub limit: i64,
 }
 
-/// One record as stored (the current state, or one revision of it).
+/// One record as stored (the current state, or one revision of it). The JSON columns stay raw
+/// text: pulls copy them into responses without parsing, the hot path's biggest saving.
 #[derive(Debug, Clone)]
 pub struct StoredRecord {
     pub id: String,
     pub form_type: String,
     pub form_version: String,
-    pub data: Value,
+    pub data: Box<RawValue>,
     pub deleted: bool,
     pub created_at: Option<DateTime<Utc>>,
     pub updated_at: Option<DateTime<Utc>>,
     pub synced_at: DateTime<Utc>,
-    pub geolocation: Option<Value>,
+    pub geolocation: Option<Box<RawValue>>,
     pub author: Option<String>,
     pub device_id: Option<String>,
-    pub tags: Option<Value>,
+    pub tags: Option<Box<RawValue>>,
     pub change_id: i64,
 }
 
