@@ -10,6 +10,7 @@ pub mod export;
 pub mod extract;
 pub mod formspecs;
 pub mod health;
+pub mod metrics;
 pub mod observations;
 pub mod request_id;
 pub mod routing;
@@ -30,6 +31,7 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     formspecs::routes(cfg);
     attachments::routes(cfg);
     export::routes(cfg);
+    metrics::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.

@@ -90,6 +90,7 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
         .await
         .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))??;
     report_sync(&req, st, &caller.username, &client_id, outcome.result.head);
+    crate::monitoring::push_answered(dialect, outcome.result.items.len(), outcome.replayed);
     let result = &outcome.result;
     let mut res =
         dialect_response(dialect, &encode::push_response(dialect, result), result.repository_generation);
@@ -163,6 +164,7 @@ fn pull_response(
     page: &PullPage,
 ) -> HttpResponse {
     report_sync(req, st, username, &pull.client_id, pull.after);
+    crate::monitoring::records_pulled(pull.dialect, page.records.len());
     dialect_response(pull.dialect, &encode::pull_response(pull.dialect, page), page.repository_generation)
 }
 

@@ -10,5 +10,6 @@ mod conventions;
 mod export;
 mod formspecs;
 mod health;
+mod metrics;
 mod sync;
 mod users;
