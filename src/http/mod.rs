@@ -12,6 +12,7 @@ pub mod formspecs;
 pub mod health;
 pub mod metrics;
 pub mod observations;
+pub mod openapi;
 pub mod request_id;
 pub mod routing;
 pub mod sync;
@@ -32,6 +33,7 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     attachments::routes(cfg);
     export::routes(cfg);
     metrics::routes(cfg);
+    openapi::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` exists only at the root.

@@ -11,5 +11,6 @@ mod export;
 mod formspecs;
 mod health;
 mod metrics;
+mod openapi;
 mod sync;
 mod users;
