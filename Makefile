@@ -5,7 +5,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 TEST_PG_DIR ?= /tmp/synkronus-test-pg
 
-.PHONY: run test deps build release stop-test-cluster
+.PHONY: run test deps build release stop-test-cluster api-fuzz
 
 ## Installs PostgreSQL when its binaries are missing (the server runs a private cluster with them).
 deps:
@@ -31,6 +31,12 @@ run: deps .env release
 ## Everything the tests need, then all tests (unit + black-box against a real PostgreSQL).
 test: deps
 	$(CARGO) test --workspace -- --test-threads=4; status=$$?; $(MAKE) --no-print-directory stop-test-cluster; exit $$status
+	$(MAKE) --no-print-directory api-fuzz
+
+## Property-based API test (schemathesis from PyPI) against the real server and its OpenAPI document.
+api-fuzz: deps
+	$(CARGO) build --bin synkronus
+	scripts/schemathesis.sh $(TARGET_DIR)/debug/synkronus
 
 stop-test-cluster:
 	@pg_ctl=$$(command -v pg_ctl || ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n 1); \

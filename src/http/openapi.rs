@@ -40,6 +40,8 @@ enum Reply {
     Json(u16, &'static str),
     /// Bytes of the given media type.
     Bytes(u16, &'static str),
+    /// YAML whose schema is the named component.
+    Yaml(u16, &'static str),
 }
 
 struct Op {
@@ -419,10 +421,10 @@ const OPS: &[Op] = &[
         method: "put",
         path: "/app-bundle",
         tag: "app-bundle",
-        summary: "Upload a bundle ZIP (raw body)",
+        summary: "Upload a bundle ZIP (raw body, any content type)",
         access: Admin,
         params: &[("activate", "query", false, BOOL_STR)],
-        body: Bytes("application/zip"),
+        body: Bytes("application/octet-stream"),
         reply: &[Reply::Json(200, "Object")],
         errors: &[400, 413],
     },
@@ -742,7 +744,7 @@ const OPS: &[Op] = &[
         access: Public,
         params: &[],
         body: Body::None,
-        reply: &[Reply::Bytes(200, "application/yaml")],
+        reply: &[Reply::Yaml(200, "Object")],
         errors: &[],
     },
     Op {
@@ -802,6 +804,10 @@ fn operation(op: &Op) -> Value {
             Reply::Json(status, schema) => (
                 status,
                 json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}),
+            ),
+            Reply::Yaml(status, schema) => (
+                status,
+                json!({"application/yaml": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}),
             ),
             Reply::Bytes(status, "") => (status, Value::Null),
             Reply::Bytes(status, mime) => {
