@@ -52,13 +52,15 @@ TOKEN=$(curl -fsS -X POST "$BASE/auth/login" -H 'content-type: application/json'
     -d "{\"username\":\"admin\",\"password\":\"$ADMIN_PASSWORD\"}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
 
-# Logout would revoke the token every other operation uses, so it is left out.
+# Logout and a password reset (schemathesis learns the name "admin") revoke the token every other
+# operation uses, so they are left out; black-box tests in tests/api cover both.
 status=0
 schemathesis run "$BASE/openapi/synkronus.json" \
     --url "$BASE" \
     --header "Authorization: Bearer $TOKEN" \
     --checks not_a_server_error,response_schema_conformance \
     --exclude-path /auth/logout \
+    --exclude-path /users/reset-password \
     --max-examples "$MAX_EXAMPLES" \
     --max-time "$MAX_TIME" \
     --workers 2 \

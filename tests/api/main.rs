@@ -12,5 +12,6 @@ mod formspecs;
 mod health;
 mod metrics;
 mod openapi;
+mod resilience;
 mod sync;
 mod users;
