@@ -148,3 +148,26 @@ async fn yaml_and_browser_page_are_served_under_every_prefix() {
         );
     }
 }
+
+/// Found by the schemathesis run: NUL characters, which PostgreSQL cannot store, gave 500s.
+#[actix_web::test]
+async fn nul_characters_are_bad_requests_not_server_errors() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let spec = serde_json::json!({"form_type": "nul", "version": "1", "schema": {"type": "object",
+        "properties": {"a\u{0}b": {"type": "string"}}}, "uischema": {}});
+    let (status, body) = app.call(Method::POST, "/formspecs", Some(&admin), Some(spec)).await;
+    crate::helpers::assert_error(status, &body, 400, "BAD_REQUEST");
+    for path in [
+        "/dataexport/parquet?form_type=a%00b",
+        "/data/export?format=csv&form_type=x,a%00b",
+        "/dataexport/raw-json?form_type=%00",
+    ] {
+        let (status, body) = app.call(Method::GET, path, Some(&admin), None).await;
+        crate::helpers::assert_error(status, &body, 400, "BAD_REQUEST");
+    }
+    for path in ["/users/a%00b", "/observations/a%00b", "/observations/a%00b/history", "/formspecs/a%00b"] {
+        let (status, body) = app.call(Method::GET, path, Some(&admin), None).await;
+        assert!(status.is_client_error(), "{path}: {status} {body}");
+    }
+}
