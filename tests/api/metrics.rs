@@ -94,6 +94,20 @@ async fn metrics_need_admin_and_move_with_requests() {
         assert!(has_series(&after, name), "{name} missing:\n{after}");
     }
     assert!(sample(&after, "synkronus_changelog_head", &[]) >= 1.0);
+
+    // The active bundle is read at scrape time. Other tests' servers share the recorder and may
+    // scrape in between, so a few scrapes are allowed for ours to show.
+    let pushed = crate::bundles::push(&app, &admin, crate::bundles::small_bundle("1.0.0", "m"), true).await;
+    let version = pushed["version"].as_str().unwrap_or_else(|| panic!("version in {pushed}")).to_string();
+    let mut shown = false;
+    for _ in 0..10 {
+        let text = scrape(&app, &admin).await;
+        if sample(&text, "synkronus_bundle_active_info", &[("version", &version)]) == 1.0 {
+            shown = true;
+            break;
+        }
+    }
+    assert!(shown, "synkronus_bundle_active_info{{version=\"{version}\"}} 1 never appeared");
     assert!(sample(&after, "synkronus_db_pool_connections", &[("state", "idle")]) >= 0.0);
 }
 
