@@ -5,7 +5,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 TEST_PG_DIR ?= /tmp/synkronus-test-pg
 
-.PHONY: run test deps build release stop-test-cluster portal-test
+.PHONY: run test deps build release stop-test-cluster portal-test api-fuzz
 
 ## Installs what is missing: PostgreSQL (the server runs a private cluster with it), and for the
 ## portal's browser tests Chromium, its driver, Node.js and the tests' npm packages.
@@ -42,7 +42,8 @@ run: deps .env release
 ## portal in a headless browser.
 test: deps
 	$(CARGO) test --workspace -- --test-threads=4; status=$$?; $(MAKE) --no-print-directory stop-test-cluster; \
-	$(MAKE) --no-print-directory portal-test || status=1; exit $$status
+	$(MAKE) --no-print-directory portal-test || status=1; \
+	$(MAKE) --no-print-directory api-fuzz || status=1; exit $$status
 
 ## Browser tests of the portal: builds the server, runs it on a temporary embedded database and a
 ## free port, drives it with headless Chromium (portal-tests/), then stops it. Screenshots land in
@@ -50,6 +51,11 @@ test: deps
 portal-test:
 	$(CARGO) build --bin synkronus
 	portal-tests/run.sh $(TARGET_DIR)/debug/synkronus
+
+## Property-based API test (schemathesis from PyPI) against the real server and its OpenAPI document.
+api-fuzz: deps
+	$(CARGO) build --bin synkronus
+	scripts/schemathesis.sh $(TARGET_DIR)/debug/synkronus
 
 stop-test-cluster:
 	@pg_ctl=$$(command -v pg_ctl || ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n 1); \

@@ -311,6 +311,14 @@ impl From<tokio_postgres::Error> for ApiError {
     fn from(e: tokio_postgres::Error) -> Self {
         if crate::db::is_connection_error(&e) {
             ApiError::unavailable(e)
+        } else if e.code().is_some_and(|c| c.code().starts_with("22")) {
+            // Class 22 (data exception) comes from values the client sent, such as a NUL
+            // character, which PostgreSQL text and jsonb cannot hold.
+            let mut err = ApiError::bad_request(
+                "The request contains a value the database cannot store (for example a NUL character)",
+            );
+            err.cause = Some(e.to_string());
+            err
         } else {
             ApiError::internal(e)
         }

@@ -7,6 +7,7 @@ pub mod db;
 pub mod domain;
 pub mod error;
 pub mod http;
+pub mod monitoring;
 pub mod schema_check;
 pub mod startup;
 pub mod state;

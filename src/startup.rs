@@ -28,6 +28,26 @@ pub struct Application {
     server: Server,
     embedded: Option<EmbeddedHandle>,
     state: AppState,
+    /// The METRICS_PORT listener and its port.
+    metrics: Option<(Server, u16)>,
+}
+
+/// `/metrics` alone, without authentication, on its own port (API.md 14).
+fn metrics_server(config: &Config, port: u16, state: web::Data<AppState>) -> anyhow::Result<(Server, u16)> {
+    let listener = TcpListener::bind((config.bind_address, port))
+        .with_context(|| format!("METRICS_PORT: cannot listen on {}:{port}", config.bind_address))?;
+    let port = listener.local_addr()?.port();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .route("/metrics", http::routing::get().to(http::metrics::exposition))
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)?
+    .run();
+    tracing::info!(port, "metrics listening");
+    Ok((server, port))
 }
 
 /// The embedded cluster in use, and whether this process started it (and so should stop it).
@@ -85,6 +105,9 @@ impl Application {
             pool,
             auth,
             login_limiter: Arc::new(LoginLimiter::new(config.rate_limit_login_per_min)),
+            user_limiter: Arc::new(crate::auth::user_rate::UserLimiter::new(
+                config.rate_limit_per_user_per_sec,
+            )),
             started_at: Instant::now(),
             ready: Arc::new(AtomicBool::new(true)),
             actors,
@@ -101,6 +124,7 @@ impl Application {
                 .app_data(app_state.clone())
                 .configure(http::configure)
                 .default_service(web::to(http::routing::not_found))
+                .wrap(from_fn(http::metrics::record))
                 .wrap(http::cors::cors(&cors_origins))
                 .wrap(NormalizePath::new(TrailingSlash::Trim))
                 .wrap(from_fn(http::context::request_context))
@@ -109,11 +133,21 @@ impl Application {
         .shutdown_timeout(30)
         .run();
         tracing::info!(port, "listening");
-        Ok(Application { port, server, embedded, state })
+        crate::monitoring::handle();
+        let metrics = match config.metrics_port {
+            Some(metrics_port) => Some(metrics_server(&config, metrics_port, web::Data::new(state.clone()))?),
+            None => None,
+        };
+        Ok(Application { port, server, embedded, state, metrics })
     }
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The METRICS_PORT listener's actual port (differs from the setting when that was 0).
+    pub fn metrics_port(&self) -> Option<u16> {
+        self.metrics.as_ref().map(|(_, port)| *port)
     }
 
     pub fn state(&self) -> &AppState {
@@ -128,7 +162,15 @@ impl Application {
     /// Serves until SIGINT/SIGTERM (actix drains in-flight requests for up to 30 s), then stops
     /// the embedded cluster.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let metrics = self.metrics.map(|(server, _)| {
+            let handle = server.handle();
+            actix_web::rt::spawn(server);
+            handle
+        });
         let result = self.server.await;
+        if let Some(handle) = metrics {
+            handle.stop(true).await;
+        }
         // A cluster adopted from a crashed run is ours too: nobody else will stop it.
         if let Some(handle) = self.embedded {
             tracing::info!("stopping the embedded PostgreSQL cluster");

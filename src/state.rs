@@ -14,6 +14,7 @@ pub struct AppState {
     pub pool: deadpool_postgres::Pool,
     pub auth: Arc<AuthService>,
     pub login_limiter: Arc<LoginLimiter>,
+    pub user_limiter: Arc<crate::auth::user_rate::UserLimiter>,
     pub started_at: Instant,
     pub ready: Arc<AtomicBool>,
     pub actors: crate::actors::Actors,

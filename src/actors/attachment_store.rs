@@ -229,6 +229,7 @@ impl Handler<Store> for AttachmentStore {
                 };
             }
             let Store { staged, id, content_type, uploaded_by, client_id } = msg;
+            crate::monitoring::attachment_uploaded(staged.size);
             let dest = paths.blob(&staged.sha256);
             let temp = staged.temp;
             actix_web::web::block(move || temp.persist(&dest)).await??;

@@ -223,6 +223,7 @@ async fn commit_attachment(pool: &Pool, new: NewAttachment) -> ApiResult<Attachm
 /// Commits a batch; if the batch as a whole fails for a reason other than the database being
 /// away, each push is retried alone so that one bad push cannot fail the others.
 async fn commit_and_reply(pool: Pool, batch: Vec<Pending>) {
+    crate::monitoring::group_commit(batch.len());
     let pushes: Vec<&Push> = batch.iter().map(|p| &p.push).collect();
     match commit(&pool, &pushes).await {
         Ok(outcomes) => {

@@ -361,15 +361,17 @@ impl Handler<StartExport> for ExportJobs {
     type Result = ApiResult<PendingExport>;
 
     fn handle(&mut self, StartExport(request): StartExport, _: &mut Self::Context) -> Self::Result {
-        let slot = Arc::clone(&self.engine.slots)
-            .try_acquire_owned()
-            .map_err(|_| ApiError::rate_limited(RETRY_AFTER_SECS))?;
+        let slot = Arc::clone(&self.engine.slots).try_acquire_owned().map_err(|_| {
+            crate::monitoring::rate_limited("export");
+            ApiError::rate_limited(RETRY_AFTER_SECS)
+        })?;
         let slot = Arc::new(slot);
         let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
         let (head_tx, head_rx) = oneshot::channel();
         let engine = Arc::clone(&self.engine);
         let thread_slot = Arc::clone(&slot);
         self.engine.runtime.spawn_blocking(move || {
+            let _running = crate::monitoring::export_running();
             engine.stream(&request, &tx, head_tx);
             // The slot goes before the channel closes: a client that has seen the end of the
             // body can start its next export at once.
@@ -405,6 +407,7 @@ impl Handler<CreateJob> for ExportJobs {
             let runner = Arc::clone(&engine);
             let done = tokio::task::spawn_blocking(move || {
                 let _slot = slot;
+                let _running = crate::monitoring::export_running();
                 runner.run_job(&job_id, &request, &progress, &path);
             })
             .await;

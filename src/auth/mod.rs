@@ -2,6 +2,7 @@
 //! per-token revocation cache that keeps the database out of the hot path (API.md 6.1).
 
 pub mod rate_limit;
+pub mod user_rate;
 
 use std::time::{Duration, Instant};
 

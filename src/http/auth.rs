@@ -43,7 +43,10 @@ pub async fn login(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<Http
     let username = f.req_str(&["username"])?;
     let password = f.req_str(&["password"])?;
     let ip = client_ip(&req, &st.config.trusted_proxies);
-    st.login_limiter.try_attempt(ip, username).map_err(ApiError::rate_limited)?;
+    st.login_limiter.try_attempt(ip, username).map_err(|wait| {
+        crate::monitoring::rate_limited("login");
+        ApiError::rate_limited(wait)
+    })?;
 
     let db = st.pool.get().await?;
     let user = db_users::find_by_username(&db, username).await?;

@@ -116,6 +116,12 @@ impl RawParams {
             .collect();
         form_types.sort();
         form_types.dedup();
+        // Checked here because the database would refuse it only after the response has started.
+        if form_types.iter().any(|t| t.contains('\0')) {
+            return Err(
+                ApiError::bad_request("'form_type' must not contain NUL characters").with_path("?form_type")
+            );
+        }
         let since_change_id = match &self.since_change_id {
             None => 0,
             Some(raw) => raw.trim().parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {

@@ -30,14 +30,25 @@ impl FromRequest for Auth {
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let req = req.clone();
         Box::pin(async move {
+            let user = authenticate(&req).await?;
             let state = state(&req)?;
-            let header = req.headers().get("authorization").and_then(|v| v.to_str().ok());
-            let token = bearer_token(header).ok_or_else(|| ApiError::of(ErrorCode::MissingToken))?;
-            let user = state.auth.verify(token, &state.pool).await?;
+            // HEAD is exempt (API.md 15); OPTIONS preflights never reach an extractor.
+            if req.method() != actix_web::http::Method::HEAD && !state.user_limiter.try_take(user.id) {
+                crate::monitoring::rate_limited("user");
+                return Err(ApiError::rate_limited(1));
+            }
             record_sighting(&req, state, &user.username);
             Ok(Auth(user))
         })
     }
+}
+
+/// The caller behind the bearer token, without the per-user rate limit (`/metrics` is exempt).
+pub async fn authenticate(req: &HttpRequest) -> ApiResult<AuthUser> {
+    let state = state(req)?;
+    let header = req.headers().get("authorization").and_then(|v| v.to_str().ok());
+    let token = bearer_token(header).ok_or_else(|| ApiError::of(ErrorCode::MissingToken))?;
+    state.auth.verify(token, &state.pool).await
 }
 
 /// The device's client id from `x-ode-client-id`, if sent.

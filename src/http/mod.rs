@@ -10,7 +10,9 @@ pub mod export;
 pub mod extract;
 pub mod formspecs;
 pub mod health;
+pub mod metrics;
 pub mod observations;
+pub mod openapi;
 pub mod portal;
 pub mod request_id;
 pub mod routing;
@@ -31,6 +33,8 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     formspecs::routes(cfg);
     attachments::routes(cfg);
     export::routes(cfg);
+    metrics::routes(cfg);
+    openapi::routes(cfg);
 }
 
 /// `/api/v1` before `/api` so that the longer prefix wins; `GET /` and the portal exist only at

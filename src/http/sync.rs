@@ -97,6 +97,7 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
         .await
         .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))??;
     report_sync(&req, st, &caller.username, &client_id, Some(outcome.result.head));
+    crate::monitoring::push_answered(dialect, outcome.result.items.len(), outcome.replayed);
     let result = &outcome.result;
     let body = serde_json::to_vec(&encode::push_response(dialect, result)).map_err(ApiError::internal)?;
     let mut res = dialect_response(dialect, body, result.repository_generation);
@@ -106,7 +107,6 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
     Ok(res)
 }
 
-/// Reads one page; a client holding another repository generation gets 409 instead.
 /// RECORD_VALIDATION: `warn` adds SCHEMA_MISMATCH warnings, `reject` fails the push with 422.
 async fn check_schemas(st: &AppState, request: &mut PushRequest) -> ApiResult<()> {
     if st.config.record_validation == RecordValidation::Off {
@@ -145,6 +145,7 @@ async fn check_schemas(st: &AppState, request: &mut PushRequest) -> ApiResult<()
     Ok(())
 }
 
+/// Reads one page; a client holding another repository generation gets 409 instead.
 async fn pull_page(st: &AppState, pull: &PullRequest, client_generation: Option<i64>) -> ApiResult<PullPage> {
     let db = st.pool.get().await?;
     let (head, mut found) = records::pull_page(&db, pull.after, &pull.types, pull.limit).await?;
@@ -170,6 +171,7 @@ fn pull_response(
     page: &PullPage,
 ) -> ApiResult<HttpResponse> {
     report_sync(req, st, username, &pull.client_id, Some(pull.after));
+    crate::monitoring::records_pulled(pull.dialect, page.records.len());
     let body = encode::pull_response(pull.dialect, page).map_err(ApiError::internal)?;
     Ok(dialect_response(pull.dialect, body, page.repository_generation))
 }

@@ -14,6 +14,8 @@ fn assert_user_object(u: &Value, username: &str, role: &str) {
     let keys: Vec<&str> = u.as_object().expect("user object").keys().map(String::as_str).collect();
     let mut sorted = keys.clone();
     sorted.sort_unstable();
+    // `GET /users` items also carry `presence` (API.md 17.4).
+    sorted.retain(|k| *k != "presence");
     assert_eq!(sorted, ["createdAt", "created_at", "email", "id", "last_login", "role", "roles", "username"]);
     uuid::Uuid::parse_str(u["id"].as_str().expect("id")).expect("UUID id");
     assert_eq!(u["username"], username);

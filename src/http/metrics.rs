@@ -1,0 +1,73 @@
+//! `GET /metrics` (API.md 14) and the middleware that counts and times every request.
+
+use std::time::Instant;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header;
+use actix_web::middleware::Next;
+use actix_web::{web, Error, HttpRequest, HttpResponse};
+
+use crate::domain::role::Role;
+use crate::error::ApiResult;
+use crate::http::extract::{authenticate, state};
+
+/// Labels requests by route template, the same for all three prefixes, so that ids in paths do
+/// not become series.
+pub async fn record(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    let start = Instant::now();
+    let method = req.method().as_str().to_string();
+    let res = next.call(req).await?;
+    let pattern = res.request().match_pattern();
+    let route = route_label(pattern.as_deref());
+    crate::monitoring::http_request(&method, route, res.status().as_u16(), start.elapsed());
+    Ok(res)
+}
+
+fn route_label(pattern: Option<&str>) -> &str {
+    match pattern {
+        None => "unmatched",
+        Some(p) => {
+            let root = p.strip_prefix("/api/v1").or_else(|| p.strip_prefix("/api")).unwrap_or(p);
+            if root.is_empty() {
+                "/"
+            } else {
+                root
+            }
+        }
+    }
+}
+
+/// Admin only on the API listener; the per-user rate limit does not apply.
+pub async fn metrics(req: HttpRequest) -> ApiResult<HttpResponse> {
+    authenticate(&req).await?.require(Role::Admin)?;
+    exposition(req).await
+}
+
+/// The METRICS_PORT listener's handler: no authentication.
+pub async fn exposition(req: HttpRequest) -> ApiResult<HttpResponse> {
+    let text = crate::monitoring::render(state(&req)?).await;
+    Ok(HttpResponse::Ok().insert_header((header::CONTENT_TYPE, "text/plain; version=0.0.4")).body(text))
+}
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    use crate::http::routing::{get, resource};
+    cfg.service(resource("/metrics", "GET, HEAD").route(get().to(metrics)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_label;
+
+    #[test]
+    fn routes_are_labelled_without_prefix() {
+        assert_eq!(route_label(Some("/api/v1/sync/push")), "/sync/push");
+        assert_eq!(route_label(Some("/api/attachments/{id}")), "/attachments/{id}");
+        assert_eq!(route_label(Some("/users/{username}")), "/users/{username}");
+        assert_eq!(route_label(Some("/")), "/");
+        assert_eq!(route_label(None), "unmatched");
+    }
+}

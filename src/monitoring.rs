@@ -1,0 +1,157 @@
+//! Prometheus metrics (API.md 14): one process-wide recorder, one-line hooks for the places that
+//! count things, and the values sampled when `/metrics` is scraped.
+
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::domain::sync::Dialect;
+use crate::state::AppState;
+
+const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const GROUP_COMMIT_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// The recorder, installed on first use. Several servers in one process (the tests) share it.
+pub fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("synkronus_http_request_duration_seconds".into()),
+                LATENCY_BUCKETS,
+            )
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("synkronus_changelog_group_commit_size".into()),
+                    GROUP_COMMIT_BUCKETS,
+                )
+            })
+            .map(PrometheusBuilder::build_recorder)
+            .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+        let handle = recorder.handle();
+        // Fails only when another recorder is installed; the handle then renders what this one saw.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+pub fn http_request(method: &str, route: &str, status: u16, elapsed: Duration) {
+    let (method, route) = (method.to_string(), route.to_string());
+    counter!("synkronus_http_requests_total", "method" => method.clone(), "route" => route.clone(),
+        "status" => status.to_string())
+    .increment(1);
+    histogram!("synkronus_http_request_duration_seconds", "method" => method, "route" => route)
+        .record(elapsed.as_secs_f64());
+}
+
+fn dialect_label(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Synkronus => "synkronus",
+        Dialect::Spec => "spec",
+        Dialect::Camel => "camel",
+    }
+}
+
+/// A push answered with 200: a replay stores nothing, so it counts as a replay only.
+pub fn push_answered(dialect: Dialect, records: usize, replayed: bool) {
+    if replayed {
+        counter!("synkronus_sync_push_replays_total").increment(1);
+    } else {
+        counter!("synkronus_sync_pushed_records_total", "dialect" => dialect_label(dialect))
+            .increment(records as u64);
+    }
+}
+
+pub fn records_pulled(dialect: Dialect, records: usize) {
+    counter!("synkronus_sync_pulled_records_total", "dialect" => dialect_label(dialect))
+        .increment(records as u64);
+}
+
+pub fn group_commit(pushes: usize) {
+    histogram!("synkronus_changelog_group_commit_size").record(pushes as f64);
+}
+
+pub fn changelog_head(head: i64) {
+    gauge!("synkronus_changelog_head").set(head as f64);
+}
+
+pub fn attachment_uploaded(bytes: u64) {
+    counter!("synkronus_attachment_bytes_uploaded_total").increment(bytes);
+}
+
+/// `limit` is `login`, `user` or `export`.
+pub fn rate_limited(limit: &'static str) {
+    counter!("synkronus_rate_limited_total", "limit" => limit).increment(1);
+}
+
+/// Counts one running export for as long as it lives.
+pub struct ExportRunning(());
+
+pub fn export_running() -> ExportRunning {
+    gauge!("synkronus_exports_running").increment(1.0);
+    ExportRunning(())
+}
+
+impl Drop for ExportRunning {
+    fn drop(&mut self) {
+        gauge!("synkronus_exports_running").decrement(1.0);
+    }
+}
+
+/// Every series exists from the start, so dashboards and alerts see zeros rather than gaps.
+fn describe_defaults() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        for dialect in ["synkronus", "spec", "camel"] {
+            counter!("synkronus_sync_pushed_records_total", "dialect" => dialect).increment(0);
+            counter!("synkronus_sync_pulled_records_total", "dialect" => dialect).increment(0);
+        }
+        for limit in ["login", "user", "export"] {
+            counter!("synkronus_rate_limited_total", "limit" => limit).increment(0);
+        }
+        counter!("synkronus_sync_push_replays_total").increment(0);
+        counter!("synkronus_attachment_bytes_uploaded_total").increment(0);
+        gauge!("synkronus_exports_running").increment(0.0);
+    });
+}
+
+/// Values read at scrape time: pool state, and the head and active bundle from the database
+/// (shared by every process, so they are right whichever process committed last).
+pub async fn render(st: &AppState) -> String {
+    describe_defaults();
+    let status = st.pool.status();
+    let busy = status.size.saturating_sub(status.available);
+    gauge!("synkronus_db_pool_connections", "state" => "idle").set(status.available as f64);
+    gauge!("synkronus_db_pool_connections", "state" => "busy").set(busy as f64);
+    let probe = async {
+        let db = st.pool.get().await.ok()?;
+        let row = db
+            .query_one("SELECT (SELECT head FROM change_head), (SELECT version FROM bundle_active)", &[])
+            .await
+            .ok()?;
+        Some((row.get::<_, i64>(0), row.get::<_, Option<String>>(1)))
+    };
+    if let Ok(Some((head, active))) = tokio::time::timeout(Duration::from_secs(2), probe).await {
+        changelog_head(head);
+        set_active_bundle(active);
+    }
+    handle().render()
+}
+
+fn set_active_bundle(active: Option<String>) {
+    static SHOWN: Mutex<Option<String>> = Mutex::new(None);
+    let Ok(mut shown) = SHOWN.lock() else { return };
+    if *shown == active {
+        return;
+    }
+    if let Some(old) = shown.take() {
+        gauge!("synkronus_bundle_active_info", "version" => old).set(0.0);
+    }
+    if let Some(new) = &active {
+        gauge!("synkronus_bundle_active_info", "version" => new.clone()).set(1.0);
+    }
+    *shown = active;
+}
