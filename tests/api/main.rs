@@ -7,6 +7,7 @@ mod bundles;
 mod cli;
 mod clients2026;
 mod conventions;
+mod crash;
 mod export;
 mod formspecs;
 mod health;
