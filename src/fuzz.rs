@@ -112,8 +112,16 @@ mod sync_codecs {
     }
 
     fn pull_query() -> impl Strategy<Value = PullQuery> {
-        (proptest::option::of(string()), proptest::option::of(string()), proptest::collection::vec(string(), 0..3))
-            .prop_map(|(limit, page_token, schema_types)| PullQuery { limit, page_token, schema_types })
+        (
+            proptest::option::of(string()),
+            proptest::option::of(string()),
+            proptest::collection::vec(string(), 0..3),
+        )
+            .prop_map(|(limit, page_token, schema_types)| PullQuery {
+                limit,
+                page_token,
+                schema_types,
+            })
     }
 
     proptest! {
@@ -201,7 +209,9 @@ mod sync_codecs {
         match dialect {
             Dialect::Synkronus => json!({"client_id": "c", "transmission_id": "t", "records": records}),
             Dialect::Spec => json!({"client_id": "c", "transmission_id": "t", "records": records}),
-            Dialect::Camel => json!({"clientId": "c", "transmissionId": "t", "changes": {"observations": records}}),
+            Dialect::Camel => {
+                json!({"clientId": "c", "transmissionId": "t", "changes": {"observations": records}})
+            }
         }
     }
 
@@ -415,7 +425,10 @@ mod bundle_zip {
         let method = if stored { zip::CompressionMethod::Stored } else { zip::CompressionMethod::Deflated };
         let options = zip::write::SimpleFileOptions::default().compression_method(method);
         let files: [(&str, &[u8]); 4] = [
-            ("manifest.json", br#"{"version":"20250101-000000","name":"Fuzz","entryPoint":"app/index.html"}"#),
+            (
+                "manifest.json",
+                br#"{"version":"20250101-000000","name":"Fuzz","entryPoint":"app/index.html"}"#,
+            ),
             ("app/index.html", b"<html></html>"),
             ("forms/household/schema.json", br#"{"type":"object","properties":{"name":{"type":"string"}}}"#),
             ("forms/household/ui.json", br#"{"type":"VerticalLayout","elements":[]}"#),

@@ -51,6 +51,8 @@ impl ChildServer {
             ("DB_POOL_SIZE", "8".to_string()),
             ("RATE_LIMIT_LOGIN_PER_MIN", "10000".to_string()),
             ("LOG_LEVEL", "warn".to_string()),
+            // Retention would remove acknowledged versions the test wants to see again.
+            ("MAX_VERSIONS_KEPT", "1000".to_string()),
         ]
         .into_iter()
         .collect();
@@ -128,7 +130,8 @@ type Outcome = Option<u16>;
 type Push = (usize, usize, Outcome);
 
 async fn send_push(http: &reqwest::Client, base: &str, token: &str, task: usize, n: usize) -> Outcome {
-    let res = http.post(format!("{base}/sync/push")).bearer_auth(token).json(&push_body(task, n)).send().await;
+    let res =
+        http.post(format!("{base}/sync/push")).bearer_auth(token).json(&push_body(task, n)).send().await;
     match res {
         Ok(res) => {
             let status = res.status().as_u16();
@@ -157,18 +160,18 @@ fn start_storm(base: &str, token: &str, stop_on_lost: bool) -> Storm {
         pushers.push(tokio::spawn(async move {
             let http = client();
             let mut outcomes = Vec::new();
-            for n in 0.. {
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
                 let outcome = send_push(&http, &base, &token, task, n).await;
                 outcomes.push((n, outcome));
                 match outcome {
                     Some(200) => {
                         acked.fetch_add(1, Ordering::SeqCst);
+                        n += 1;
                     }
                     None if stop_on_lost => break,
-                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                    // As a device does: the same push again, same transmission id, a bit later.
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             }
             outcomes
@@ -268,30 +271,52 @@ async fn retry_and_verify(
     outcomes: Vec<Push>,
 ) {
     let http = client();
-    let mut expected = BTreeSet::new();
-    let mut retried = Vec::new();
+    // Per push, whether it was acknowledged and whether some attempt was not.
+    let mut pushes: BTreeMap<(usize, usize), (bool, bool)> = BTreeMap::new();
     for &(task, n, outcome) in &outcomes {
         if let Some(status) = outcome {
-            assert!(status == 200 || status == 503, "push {task}-{n} answered {status}: only 200 or 503 are acceptable");
+            assert!(
+                status == 200 || status == 503,
+                "push {task}-{n} answered {status}: only 200 or 503 are acceptable"
+            );
         }
+        let entry = pushes.entry((task, n)).or_default();
+        entry.0 |= outcome == Some(200);
+        entry.1 |= outcome != Some(200);
+    }
+    let mut expected = BTreeSet::new();
+    let mut retried = Vec::new();
+    for (&(task, n), &(acked, failed_once)) in &pushes {
         expected.extend((0..RECORDS_PER_PUSH).map(|k| record_id(task, n, k)));
-        if outcome != Some(200) {
+        if !acked {
             let status = send_push(&http, base, token, task, n).await;
             assert_eq!(status, Some(200), "retry of {task}-{n}");
+        }
+        if failed_once {
             retried.push((task, n));
         }
     }
+    assert!(!retried.is_empty(), "some push needed a retry");
 
     // The puller resumes from its last cursor and ends with every record exactly once.
     let head = pull_rest(base, token, cursor, &mut pulled).await;
     let got: BTreeSet<String> = pulled.keys().cloned().collect();
     assert_eq!(got, expected, "the resumed puller has every pushed record");
+    // Records and attachments share the change log: together they use every change_id up to the
+    // head exactly once, so nothing was applied twice and no change_id was skipped.
+    let res =
+        http.get(format!("{base}/attachments/manifest")).bearer_auth(token).send().await.expect("manifest");
+    let manifest: Value = res.json().await.expect("manifest body");
     let mut ids: Vec<i64> = pulled.values().copied().collect();
+    ids.extend(
+        manifest["operations"]
+            .as_array()
+            .expect("operations")
+            .iter()
+            .map(|o| o["change_id"].as_i64().expect("id")),
+    );
     ids.sort_unstable();
-    ids.dedup();
-    assert_eq!(ids.len(), expected.len(), "change_ids are unique");
-    // One change per record: nothing was applied twice, no change_id was skipped.
-    assert_eq!(head, expected.len() as i64, "head = number of records");
+    assert_eq!(ids, (1..=head).collect::<Vec<_>>(), "one change per record and attachment");
     let mut fresh = BTreeMap::new();
     assert_eq!(pull_rest(base, token, 0, &mut fresh).await, head);
     assert_eq!(fresh, pulled, "a full pull agrees with the resumed one");
@@ -378,7 +403,8 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
                 .mime_str("application/zip")
                 .expect("mime");
             let form = reqwest::multipart::Form::new().part("bundle", part).text("activate", "true");
-            let res = http.post(format!("{base}/app-bundle/push")).bearer_auth(&tok).multipart(form).send().await;
+            let res =
+                http.post(format!("{base}/app-bundle/push")).bearer_auth(&tok).multipart(form).send().await;
             let ok = matches!(res, Ok(r) if r.status() == StatusCode::OK);
             outcomes.push((version, ok));
             if !ok {
@@ -397,10 +423,7 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
     drop(cut);
     let attachment_outcomes = attachments.await.expect("attachment task");
     let bundle_outcomes = bundles.await.expect("bundle task");
-    assert!(
-        outcomes.iter().any(|(_, _, o)| o.is_none()),
-        "some push was in flight when the server died"
-    );
+    assert!(outcomes.iter().any(|(_, _, o)| o.is_none()), "some push was in flight when the server died");
 
     // Tokens survive a restart: they are signed, and revocation lives in the database.
     let server = ChildServer::start(&db_conn, data_root.path(), logs.path().join("2.log"), &[]).await;
@@ -435,12 +458,14 @@ async fn verify_attachments(base: &str, token: &str, outcomes: &[(usize, bool)])
                 .await
                 .expect("retry upload");
             assert_eq!(res.status(), StatusCode::OK, "retry of {id}");
-            let got = http.get(format!("{base}/attachments/{id}")).bearer_auth(token).send().await.expect("get");
+            let got =
+                http.get(format!("{base}/attachments/{id}")).bearer_auth(token).send().await.expect("get");
             assert!(got.bytes().await.expect("body") == bytes[..]);
         }
     }
     // The manifest lists only complete attachments.
-    let res = http.get(format!("{base}/attachments/manifest")).bearer_auth(token).send().await.expect("manifest");
+    let res =
+        http.get(format!("{base}/attachments/manifest")).bearer_auth(token).send().await.expect("manifest");
     let manifest: Value = res.json().await.expect("manifest body");
     for op in manifest["operations"].as_array().expect("operations") {
         let id = op["attachment_id"].as_str().expect("id");
@@ -454,7 +479,8 @@ async fn verify_attachments(base: &str, token: &str, outcomes: &[(usize, bool)])
 /// (if any) serves its manifest and files.
 async fn verify_bundles(base: &str, token: &str, outcomes: &[(String, bool)]) {
     let http = client();
-    let res = http.get(format!("{base}/app-bundle/versions")).bearer_auth(token).send().await.expect("versions");
+    let res =
+        http.get(format!("{base}/app-bundle/versions")).bearer_auth(token).send().await.expect("versions");
     assert_eq!(res.status(), StatusCode::OK);
     let body: Value = res.json().await.expect("versions body");
     let listed: Vec<String> = body["versions"]
@@ -487,14 +513,23 @@ async fn verify_bundles(base: &str, token: &str, outcomes: &[(String, bool)]) {
             .expect("download file");
         assert_eq!(res.status(), StatusCode::OK, "{version}");
     }
-    let res = http.get(format!("{base}/app-bundle/manifest")).bearer_auth(token).send().await.expect("manifest");
+    let res =
+        http.get(format!("{base}/app-bundle/manifest")).bearer_auth(token).send().await.expect("manifest");
     if res.status() == StatusCode::OK {
         let manifest: Value = res.json().await.expect("manifest");
-        assert!(listed.iter().any(|v| manifest["version"] == v.as_str()), "{manifest}");
+        // Every push activates: the active one is the last acknowledged or the one in flight.
+        let last_acked = outcomes.iter().filter(|(_, ok)| *ok).map(|(v, _)| v.as_str()).next_back();
+        let in_flight = outcomes.iter().find(|(_, ok)| !*ok).map(|(v, _)| v.as_str());
+        let active = manifest["version"].as_str();
+        assert!(active == last_acked || active == in_flight, "{manifest}");
         for file in manifest["files"].as_array().expect("files") {
             let path = file["path"].as_str().expect("path").replace('/', "%2F");
-            let res =
-                http.get(format!("{base}/app-bundle/download/{path}")).bearer_auth(token).send().await.expect("file");
+            let res = http
+                .get(format!("{base}/app-bundle/download/{path}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("file");
             assert_eq!(res.status(), StatusCode::OK, "{path}");
             assert_eq!(Some(res.bytes().await.expect("bytes").len() as i64), file["size"].as_i64());
         }
@@ -541,7 +576,8 @@ async fn postgres_crash_mid_storm_gives_503s_and_loses_nothing() {
     let down_at = storm.acked.load(Ordering::SeqCst);
     let mut saw_503 = false;
     for _ in 0..50 {
-        let res = app.client.post(app.url("/sync/push")).bearer_auth(&token).json(&push_body(999, 0)).send().await;
+        let res =
+            app.client.post(app.url("/sync/push")).bearer_auth(&token).json(&push_body(999, 0)).send().await;
         let status = res.expect("the server answers while the database is down").status();
         assert_ne!(status, StatusCode::INTERNAL_SERVER_ERROR);
         if status == StatusCode::SERVICE_UNAVAILABLE {
