@@ -311,6 +311,9 @@ impl From<tokio_postgres::Error> for ApiError {
     fn from(e: tokio_postgres::Error) -> Self {
         if crate::db::is_connection_error(&e) {
             ApiError::unavailable(e)
+        } else if crate::db::is_unstorable_text(&e) {
+            // A NUL that slipped past input checks (a query parameter, say) is the client's fault.
+            ApiError::bad_request("Text must not contain NUL characters")
         } else {
             ApiError::internal(e)
         }

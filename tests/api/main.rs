@@ -11,5 +11,6 @@ mod crash;
 mod export;
 mod formspecs;
 mod health;
+mod hostile;
 mod sync;
 mod users;
