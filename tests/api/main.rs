@@ -8,6 +8,7 @@ mod cli;
 mod clients2026;
 mod conventions;
 mod crash;
+mod defaults;
 mod export;
 mod formspecs;
 mod health;
