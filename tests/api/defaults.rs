@@ -20,7 +20,8 @@ async fn the_default_admin_password_is_reported_at_every_start_until_changed() {
 
     for start in 1..=2 {
         let mut server =
-            ChildServer::start(&db_conn, data_root.path(), logs.path().join(format!("{start}.log")), &unset).await;
+            ChildServer::start(&db_conn, data_root.path(), logs.path().join(format!("{start}.log")), &unset)
+                .await;
         let log = server.log_text();
         assert!(log.contains(WARNING), "start {start} does not warn: {log}");
         assert_eq!(log.matches(WARNING).count(), 1, "{log}");
@@ -36,7 +37,8 @@ async fn the_default_admin_password_is_reported_at_every_start_until_changed() {
         .await
         .expect("login");
     assert_eq!(res.status(), StatusCode::OK, "admin/admin works while the warning is shown");
-    let token = res.json::<serde_json::Value>().await.expect("body")["token"].as_str().expect("token").to_string();
+    let token =
+        res.json::<serde_json::Value>().await.expect("body")["token"].as_str().expect("token").to_string();
     let res = http
         .post(format!("{}/users/change-password", server.base))
         .bearer_auth(&token)
