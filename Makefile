@@ -44,5 +44,5 @@ stop-test-cluster:
 deny:
 	@command -v cargo-deny >/dev/null 2>&1 || $(CARGO) install cargo-deny --locked
 	$(CARGO) deny check licenses bans sources
-	@if $(CARGO) deny fetch db >/dev/null 2>&1; then $(CARGO) deny check --disable-fetch advisories; \
+	@if timeout 180 $(CARGO) deny fetch db >/dev/null 2>&1; then $(CARGO) deny check --disable-fetch advisories; \
 	else echo "cargo deny: WARNING: the advisory database could not be fetched; advisories were NOT checked"; fi

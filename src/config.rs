@@ -415,6 +415,10 @@ mod tests {
         for v in ["1", "0", "x"] {
             refused(&[("DB_POOL_SIZE", v)], "DB_POOL_SIZE");
         }
+        assert_eq!(load(&[]).expect("defaults").request_body_timeout, Duration::from_secs(30));
+        for v in ["0", "-1", "x"] {
+            refused(&[("REQUEST_BODY_TIMEOUT_SECONDS", v)], "REQUEST_BODY_TIMEOUT_SECONDS");
+        }
         for var in ["JWT_TTL_SECONDS", "REFRESH_TTL_SECONDS"] {
             assert!(load(&[(var, "1")]).is_ok());
             for v in ["0", "-5", "1h", "1.5"] {

@@ -1,5 +1,5 @@
-//! The outermost middleware: request id, tracing span, client-version gate (426), API version
-//! negotiation (406) and the headers every response carries.
+//! The outermost middleware: request id, tracing span, limits on request heads and stalled bodies,
+//! client-version gate (426), API version negotiation (406) and the headers every response carries.
 
 use std::pin::Pin;
 use std::time::Duration;

@@ -367,7 +367,9 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
 
     // Attachments and bundles are written while the storm runs, one at a time each.
     let stop_files = Arc::new(AtomicBool::new(false));
-    let (base, tok, stop) = (server.base.clone(), token.clone(), stop_files.clone());
+    let files_acked = Arc::new(AtomicUsize::new(0));
+    let (base, tok, stop, done) =
+        (server.base.clone(), token.clone(), stop_files.clone(), files_acked.clone());
     let attachments = tokio::spawn(async move {
         let http = client();
         let mut outcomes = Vec::new();
@@ -382,6 +384,9 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
                 .send()
                 .await;
             let ok = matches!(res, Ok(r) if r.status() == StatusCode::OK);
+            if ok && i == 0 {
+                done.fetch_add(1, Ordering::SeqCst);
+            }
             outcomes.push((i, ok));
             if !ok {
                 break;
@@ -389,7 +394,8 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
         }
         outcomes
     });
-    let (base, tok, stop) = (server.base.clone(), token.clone(), stop_files.clone());
+    let (base, tok, stop, done) =
+        (server.base.clone(), token.clone(), stop_files.clone(), files_acked.clone());
     let bundles = tokio::spawn(async move {
         let http = client();
         let mut outcomes = Vec::new();
@@ -406,6 +412,9 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
             let res =
                 http.post(format!("{base}/app-bundle/push")).bearer_auth(&tok).multipart(form).send().await;
             let ok = matches!(res, Ok(r) if r.status() == StatusCode::OK);
+            if ok && i == 0 {
+                done.fetch_add(1, Ordering::SeqCst);
+            }
             outcomes.push((version, ok));
             if !ok {
                 break;
@@ -417,6 +426,8 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
 
     let storm = start_storm(&server.base, &token, true);
     wait_for_acks(&storm.acked, 40).await;
+    // At least one attachment and one bundle are stored before the kill.
+    wait_for_acks(&files_acked, 2).await;
     server.kill().await;
     stop_files.store(true, Ordering::SeqCst);
     let (outcomes, pulled) = finish_storm(storm).await;

@@ -234,6 +234,19 @@ async fn invalid_utf8_and_nul_bytes_in_bodies_are_4xx() {
             res.assert_problem(&format!("{route} {}", String::from_utf8_lossy(body)));
         }
     }
+    // Nesting far beyond the 128 levels API.md 1.3 allows, in every JSON route.
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let deep_in_data = format!(
+        r#"{{"client_id":"c","transmission_id":"deep","records":[{{"observation_id":"o","data":{{"x":{deep}}}}}]}}"#
+    );
+    for route in ["/sync/push", "/sync/pull", "/auth/login", "/users", "/attachments/manifest", "/formspecs"]
+    {
+        for body in [deep.as_bytes(), deep_in_data.as_bytes()] {
+            let res = raw_request(&app, "POST", route, &admin, body).await;
+            res.assert_problem(route);
+            assert_eq!(res.status, 400, "{route}");
+        }
+    }
     // NUL escaped inside JSON strings, in every id the sync engine stores.
     let cases = [
         json!({"client_id": "c\u{0}", "transmission_id": "t", "records": []}),
