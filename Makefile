@@ -5,7 +5,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 TEST_PG_DIR ?= /tmp/synkronus-test-pg
 
-.PHONY: run test deps build release stop-test-cluster portal-test api-fuzz
+.PHONY: run test deps build release stop-test-cluster portal-test api-fuzz deny
 
 ## Installs what is missing: PostgreSQL (the server runs a private cluster with it), and for the
 ## portal's browser tests Chromium, its driver, Node.js and the tests' npm packages.
@@ -63,3 +63,11 @@ stop-test-cluster:
 		if [ "$$(id -u)" = 0 ]; then runuser -u postgres -- "$$pg_ctl" -D "$(TEST_PG_DIR)" -m fast -w stop >/dev/null; \
 		else "$$pg_ctl" -D "$(TEST_PG_DIR)" -m fast -w stop >/dev/null; fi; \
 	fi; true
+
+## Dependency policy (deny.toml): licences, bans and sources always; known vulnerabilities when
+## the RustSec advisory database can be fetched (it lives on GitHub, which not every machine reaches).
+deny:
+	@command -v cargo-deny >/dev/null 2>&1 || $(CARGO) install cargo-deny --locked
+	$(CARGO) deny check licenses bans sources
+	@if timeout 180 $(CARGO) deny fetch db >/dev/null 2>&1; then $(CARGO) deny check --disable-fetch advisories; \
+	else echo "cargo deny: WARNING: the advisory database could not be fetched; advisories were NOT checked"; fi

@@ -60,6 +60,8 @@ pub struct Config {
     pub cors_allowed_origins: Vec<String>,
     pub max_json_body_bytes: usize,
     pub max_attachment_bytes: u64,
+    /// A request body that sends nothing for this long is abandoned with a 400 (slow-body attacks).
+    pub request_body_timeout: Duration,
     pub record_validation: RecordValidation,
     pub rate_limit_login_per_min: u32,
     pub rate_limit_per_user_per_sec: u32,
@@ -218,6 +220,10 @@ impl Config {
         if max_json_body_bytes == 0 {
             return Err(invalid("MAX_JSON_BODY_BYTES", "must be at least 1"));
         }
+        let request_body_timeout: u64 = parse_num(&var, "REQUEST_BODY_TIMEOUT_SECONDS", 30)?;
+        if request_body_timeout == 0 {
+            return Err(invalid("REQUEST_BODY_TIMEOUT_SECONDS", "must be at least 1"));
+        }
 
         let record_validation =
             match var("RECORD_VALIDATION").unwrap_or_else(|| "warn".into()).to_lowercase().as_str() {
@@ -267,6 +273,7 @@ impl Config {
             cors_allowed_origins,
             max_json_body_bytes,
             max_attachment_bytes,
+            request_body_timeout: Duration::from_secs(request_body_timeout),
             record_validation,
             rate_limit_login_per_min,
             rate_limit_per_user_per_sec,
@@ -407,6 +414,10 @@ mod tests {
         }
         for v in ["1", "0", "x"] {
             refused(&[("DB_POOL_SIZE", v)], "DB_POOL_SIZE");
+        }
+        assert_eq!(load(&[]).expect("defaults").request_body_timeout, Duration::from_secs(30));
+        for v in ["0", "-1", "x"] {
+            refused(&[("REQUEST_BODY_TIMEOUT_SECONDS", v)], "REQUEST_BODY_TIMEOUT_SECONDS");
         }
         for var in ["JWT_TTL_SECONDS", "REFRESH_TTL_SECONDS"] {
             assert!(load(&[(var, "1")]).is_ok());

@@ -6,6 +6,8 @@ pub mod config;
 pub mod db;
 pub mod domain;
 pub mod error;
+#[cfg(test)]
+mod fuzz;
 pub mod http;
 pub mod monitoring;
 pub mod schema_check;

@@ -109,3 +109,8 @@ pub fn is_connection_error(e: &tokio_postgres::Error) -> bool {
         }
     }
 }
+
+/// NUL in text (22021) or in a JSON string cast to jsonb (22P05): PostgreSQL cannot store them.
+pub fn is_unstorable_text(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| matches!(c.code(), "22021" | "22P05"))
+}

@@ -1,11 +1,17 @@
-//! The outermost middleware: request id, tracing span, client-version gate (426), API version
-//! negotiation (406) and the headers every response carries.
+//! The outermost middleware: request id, tracing span, limits on request heads and stalled bodies,
+//! client-version gate (426), API version negotiation (406) and the headers every response carries.
+
+use std::pin::Pin;
+use std::time::Duration;
 
 use actix_web::body::{BoxBody, MessageBody};
-use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::error::PayloadError;
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
+use actix_web::web::Bytes;
 use actix_web::{HttpMessage, ResponseError};
+use futures_util::{Stream, StreamExt};
 use tracing::Instrument;
 
 use crate::domain::api_version::{self, ApiVersion};
@@ -20,16 +26,22 @@ static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static X_SYNKRONUS_VERSION: HeaderName = HeaderName::from_static("x-synkronus-version");
 
 pub async fn request_context(
-    req: ServiceRequest,
+    mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let id = request_id::accept_or_generate(header_str(&req, "x-request-id"));
     let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.path());
     let quiet = matches!(req.path(), "/health" | "/ready" | "/metrics");
+    let body_timeout = req
+        .app_data::<actix_web::web::Data<crate::state::AppState>>()
+        .map(|s| s.config.request_body_timeout)
+        .unwrap_or(DEFAULT_BODY_TIMEOUT);
+    let payload = req.take_payload();
+    req.set_payload(with_idle_timeout(payload, body_timeout));
     let started = std::time::Instant::now();
     let result = request_id::scope(id.clone(), async {
         let negotiated = api_version::negotiate(header_str(&req, "x-api-version"));
-        let gate = client_version_gate(&req).and_then(|()| {
+        let gate = headers_within_limit(&req).and_then(|()| client_version_gate(&req)).and_then(|()| {
             negotiated.ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::UnsupportedApiVersion,
@@ -103,6 +115,38 @@ async fn uniform_error_body(res: ServiceResponse<BoxBody>) -> ServiceResponse<Bo
         }
     }
     ServiceResponse::new(req, replaced)
+}
+
+/// actix accepts request heads up to 128 KiB; no client of this API needs more than a few KiB.
+const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+fn headers_within_limit(req: &ServiceRequest) -> Result<(), ApiError> {
+    let total: usize = req.headers().iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    if total > MAX_HEADER_BYTES {
+        return Err(ApiError::bad_request(format!("Request headers exceed {} KiB", MAX_HEADER_BYTES / 1024)));
+    }
+    Ok(())
+}
+
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// actix times out only the request head: a body that stalls would hold its handler (and any temp
+/// file it is writing) forever. Every body extractor maps this read error to a 400.
+fn with_idle_timeout(payload: Payload, idle: Duration) -> Payload {
+    let stream = futures_util::stream::unfold(Some(payload), move |payload| async move {
+        let mut payload = payload?;
+        match tokio::time::timeout(idle, payload.next()).await {
+            Ok(Some(item)) => Some((item, Some(payload))),
+            Ok(None) => None,
+            Err(_) => {
+                let stalled = std::io::Error::new(std::io::ErrorKind::TimedOut, "the request body stalled");
+                Some((Err(PayloadError::Io(stalled)), None))
+            }
+        }
+    });
+    // Fused: multipart parsers poll again after the end.
+    let boxed: Pin<Box<dyn Stream<Item = Result<Bytes, PayloadError>>>> = Box::pin(stream.fuse());
+    Payload::from(boxed)
 }
 
 /// `x-ode-version` of another major, or garbage, is refused before authentication (API.md 17.1).

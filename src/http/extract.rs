@@ -194,10 +194,15 @@ pub fn path_param(req: &HttpRequest, name: &str) -> ApiResult<String> {
         return Err(ApiError::bad_request("The request path is not valid UTF-8 once percent-decoded"));
     }
     let raw = req.match_info().get(name).unwrap_or("");
-    percent_encoding::percent_decode_str(raw)
+    let value = percent_encoding::percent_decode_str(raw)
         .decode_utf8()
         .map(|s| s.into_owned())
-        .map_err(|_| ApiError::bad_request(format!("Path parameter '{name}' is not valid UTF-8")))
+        .map_err(|_| ApiError::bad_request(format!("Path parameter '{name}' is not valid UTF-8")))?;
+    // PostgreSQL text cannot hold NUL: refused here, a lookup would fail with a 500.
+    if value.contains('\0') {
+        return Err(ApiError::bad_request(format!("Path parameter '{name}' must not contain NUL")));
+    }
+    Ok(value)
 }
 
 /// The client IP for rate limiting: X-Forwarded-For only counts from a trusted proxy.
