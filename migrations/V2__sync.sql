@@ -24,12 +24,20 @@ CREATE TABLE records (
     device_id     text,
     tags          json,
     change_id     bigint NOT NULL UNIQUE,
-    created_by    text NOT NULL
+    created_by    text NOT NULL,
+    -- Provenance of the current revision (history shows it with the superseded ones).
+    client_id         text NOT NULL DEFAULT '',
+    transmission_id   text,
+    pushed_by         text NOT NULL DEFAULT '',
+    overwrote_version bigint,
+    conflict          boolean NOT NULL DEFAULT false
 );
 CREATE INDEX records_form_type_change ON records (form_type, change_id);
 CREATE INDEX records_created_by_change ON records (created_by, change_id);
 
--- Every revision ever committed (the current one included), for history and lost-update recovery.
+-- Every superseded revision: when a push overwrites a record, its previous state moves here, so
+-- overwritten data is never lost. The current revision lives in `records` only, which keeps the
+-- common case (a new record) to one row write.
 CREATE TABLE record_revisions (
     change_id         bigint PRIMARY KEY,
     record_id         text NOT NULL,

@@ -292,6 +292,7 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
     ids.sort_unstable();
     ids.dedup();
     let mut states = records::current_states(&tx, &ids, &need_data).await?;
+    let existed: std::collections::HashSet<String> = states.keys().cloned().collect();
 
     // Server time is the commit time; microseconds, as the database stores it.
     let now = Utc::now().trunc_subsecs(6);
@@ -357,7 +358,11 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
         result.head = next;
     }
 
-    records::write_revisions(&tx, &revisions, now).await?;
+    // Records that existed before this batch and that it overwrites: their current state is
+    // archived as a superseded revision.
+    let overwritten_ids: Vec<String> =
+        ids.iter().filter(|id| existed.contains(id.as_str())).cloned().collect();
+    records::write_revisions(&tx, &revisions, &overwritten_ids, now).await?;
     let mut t_clients = Vec::new();
     let mut t_ids = Vec::new();
     let mut t_prints = Vec::new();

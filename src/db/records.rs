@@ -209,17 +209,120 @@ impl RevisionBatch {
     pub fn is_empty(&self) -> bool {
         self.change_id.is_empty()
     }
+
+    /// The revisions a later revision of the same record in this batch replaces.
+    fn superseded_within_batch(&self) -> RevisionBatch {
+        let mut last_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (i, id) in self.record_id.iter().enumerate() {
+            last_of.insert(id.as_str(), i);
+        }
+        let mut out = RevisionBatch::default();
+        for i in 0..self.change_id.len() {
+            if last_of.get(self.record_id[i].as_str()) == Some(&i) {
+                continue;
+            }
+            out.change_id.push(self.change_id[i]);
+            out.record_id.push(self.record_id[i].clone());
+            out.form_type.push(self.form_type[i].clone());
+            out.form_version.push(self.form_version[i].clone());
+            out.data.push(self.data[i].clone());
+            out.deleted.push(self.deleted[i]);
+            out.created_at.push(self.created_at[i]);
+            out.updated_at.push(self.updated_at[i]);
+            out.geolocation.push(self.geolocation[i].clone());
+            out.author.push(self.author[i].clone());
+            out.device_id.push(self.device_id[i].clone());
+            out.tags.push(self.tags[i].clone());
+            out.client_id.push(self.client_id[i].clone());
+            out.transmission_id.push(self.transmission_id[i].clone());
+            out.pushed_by.push(self.pushed_by[i].clone());
+            out.created_by.push(self.created_by[i].clone());
+            out.overwrote_version.push(self.overwrote_version[i]);
+            out.conflict.push(self.conflict[i]);
+        }
+        out
+    }
 }
 
-/// Writes every revision, then upserts each record's latest revision as its current state.
+/// Commits a batch's revisions: the current state of every record it overwrites moves to
+/// `record_revisions` (copied inside the database), in-batch revisions that a later one replaces go
+/// there too, and each record's last revision becomes its current state.
 pub async fn write_revisions(
     db: &impl GenericClient,
     b: &RevisionBatch,
+    overwritten_ids: &[String],
     synced_at: DateTime<Utc>,
 ) -> ApiResult<()> {
     if b.is_empty() {
         return Ok(());
     }
+    if !overwritten_ids.is_empty() {
+        db.execute(
+            "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
+                 updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
+                 overwrote_version, conflict)
+             SELECT change_id, id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
+                    geolocation, author, device_id, tags, client_id, transmission_id, pushed_by, overwrote_version,
+                    conflict
+             FROM records WHERE id = ANY($1)",
+            &[&overwritten_ids],
+        )
+        .await?;
+    }
+    let superseded = b.superseded_within_batch();
+    if !superseded.is_empty() {
+        insert_revision_rows(db, &superseded, synced_at).await?;
+    }
+    // DISTINCT ON keeps one row per id (its latest change): ON CONFLICT cannot touch a row twice.
+    db.execute(
+        "INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
+             geolocation, author, device_id, tags, change_id, created_by, client_id, transmission_id, pushed_by,
+             overwrote_version, conflict)
+         SELECT DISTINCT ON (r) r, ft, fv, d, del, ca, ua, $13, g, au, dv, tg, c, cb, cl, tr, pb, ov, cf
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
+                     $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
+                     $14::text[], $15::text[], $16::text[], $17::text[], $18::bigint[], $19::bool[])
+              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cb, cl, tr, pb, ov, cf)
+         ORDER BY r, c DESC
+         ON CONFLICT (id) DO UPDATE SET
+             form_type = EXCLUDED.form_type, form_version = EXCLUDED.form_version, data = EXCLUDED.data,
+             deleted = EXCLUDED.deleted, created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at,
+             synced_at = EXCLUDED.synced_at, geolocation = EXCLUDED.geolocation, author = EXCLUDED.author,
+             device_id = EXCLUDED.device_id, tags = EXCLUDED.tags, change_id = EXCLUDED.change_id,
+             client_id = EXCLUDED.client_id, transmission_id = EXCLUDED.transmission_id,
+             pushed_by = EXCLUDED.pushed_by, overwrote_version = EXCLUDED.overwrote_version,
+             conflict = EXCLUDED.conflict",
+        &[
+            &b.change_id,
+            &b.record_id,
+            &b.form_type,
+            &b.form_version,
+            &b.data,
+            &b.deleted,
+            &b.created_at,
+            &b.updated_at,
+            &b.geolocation,
+            &b.author,
+            &b.device_id,
+            &b.tags,
+            &synced_at,
+            &b.created_by,
+            &b.client_id,
+            &b.transmission_id,
+            &b.pushed_by,
+            &b.overwrote_version,
+            &b.conflict,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn insert_revision_rows(
+    db: &impl GenericClient,
+    b: &RevisionBatch,
+    synced_at: DateTime<Utc>,
+) -> ApiResult<()> {
     db.execute(
         "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
              updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
@@ -248,39 +351,6 @@ pub async fn write_revisions(
             &b.overwrote_version,
             &b.conflict,
             &synced_at,
-        ],
-    )
-    .await?;
-    // DISTINCT ON keeps one row per id (its latest change): ON CONFLICT cannot touch a row twice.
-    db.execute(
-        "INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-             geolocation, author, device_id, tags, change_id, created_by)
-         SELECT DISTINCT ON (r) r, ft, fv, d, del, ca, ua, $13, g, au, dv, tg, c, cb
-         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
-                     $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
-                     $14::text[])
-              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cb)
-         ORDER BY r, c DESC
-         ON CONFLICT (id) DO UPDATE SET
-             form_type = EXCLUDED.form_type, form_version = EXCLUDED.form_version, data = EXCLUDED.data,
-             deleted = EXCLUDED.deleted, created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at,
-             synced_at = EXCLUDED.synced_at, geolocation = EXCLUDED.geolocation, author = EXCLUDED.author,
-             device_id = EXCLUDED.device_id, tags = EXCLUDED.tags, change_id = EXCLUDED.change_id",
-        &[
-            &b.change_id,
-            &b.record_id,
-            &b.form_type,
-            &b.form_version,
-            &b.data,
-            &b.deleted,
-            &b.created_at,
-            &b.updated_at,
-            &b.geolocation,
-            &b.author,
-            &b.device_id,
-            &b.tags,
-            &synced_at,
-            &b.created_by,
         ],
     )
     .await?;
@@ -385,7 +455,8 @@ pub struct Revision {
     pub conflict: bool,
 }
 
-/// Revisions newest first, strictly older than `before` (when given), at most `limit + 1`.
+/// Revisions newest first (the current state, then the superseded ones), strictly older than
+/// `before` when given, at most `limit + 1`.
 pub async fn history(
     db: &impl GenericClient,
     id: &str,
@@ -394,11 +465,18 @@ pub async fn history(
 ) -> ApiResult<Vec<Revision>> {
     let rows = db
         .query(
-            "SELECT record_id, form_type, form_version, data::text, deleted, created_at, updated_at, synced_at,
-                    geolocation::text, author, device_id, tags::text, change_id,
-                    client_id, transmission_id, pushed_by, overwrote_version, conflict
-             FROM record_revisions
-             WHERE record_id = $1 AND ($2::bigint IS NULL OR change_id < $2)
+            "SELECT * FROM (
+                 SELECT id, form_type, form_version, data::text, deleted, created_at, updated_at, synced_at,
+                        geolocation::text, author, device_id, tags::text, change_id,
+                        client_id, transmission_id, pushed_by, overwrote_version, conflict
+                 FROM records WHERE id = $1
+                 UNION ALL
+                 SELECT record_id, form_type, form_version, data::text, deleted, created_at, updated_at, synced_at,
+                        geolocation::text, author, device_id, tags::text, change_id,
+                        client_id, transmission_id, pushed_by, overwrote_version, conflict
+                 FROM record_revisions WHERE record_id = $1
+             ) h
+             WHERE $2::bigint IS NULL OR change_id < $2
              ORDER BY change_id DESC LIMIT $3",
             &[&id, &before, &(limit + 1)],
         )
@@ -417,5 +495,5 @@ pub async fn history(
 }
 
 pub async fn record_exists(db: &impl GenericClient, id: &str) -> ApiResult<bool> {
-    Ok(db.query_opt("SELECT 1 FROM record_revisions WHERE record_id = $1 LIMIT 1", &[&id]).await?.is_some())
+    Ok(db.query_opt("SELECT 1 FROM records WHERE id = $1", &[&id]).await?.is_some())
 }
