@@ -5,15 +5,17 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 TEST_PG_DIR ?= /tmp/synkronus-test-pg
 
-.PHONY: run test deps build release stop-test-cluster portal-test api-fuzz deny
+.PHONY: run test deps test-deps build release stop-test-cluster portal-test api-fuzz deny
 
-## Installs what is missing: PostgreSQL (the server runs a private cluster with it), and for the
-## portal's browser tests Chromium, its driver, Node.js and the tests' npm packages.
+## Installs PostgreSQL when it is missing: the server runs a private cluster with its binaries.
 deps:
 	@if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 		echo "installing PostgreSQL (apt-get)"; \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
 	fi
+
+## What the tests need besides: Chromium, its driver, Node.js and the browser tests' npm packages.
+test-deps: deps
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1 \
 		|| ! command -v npm >/dev/null 2>&1; then \
 		echo "installing Chromium and Node.js (apt-get)"; \
@@ -40,7 +42,7 @@ run: deps .env release
 
 ## Everything the tests need, then all tests (unit + black-box against a real PostgreSQL), then the
 ## portal in a headless browser.
-test: deps
+test: test-deps
 	$(CARGO) test --workspace -- --test-threads=4; status=$$?; $(MAKE) --no-print-directory stop-test-cluster; \
 	$(MAKE) --no-print-directory portal-test || status=1; \
 	$(MAKE) --no-print-directory api-fuzz || status=1; exit $$status
@@ -48,12 +50,12 @@ test: deps
 ## Browser tests of the portal: builds the server, runs it on a temporary embedded database and a
 ## free port, drives it with headless Chromium (portal-tests/), then stops it. Screenshots land in
 ## docs/screenshots/.
-portal-test:
+portal-test: test-deps
 	$(CARGO) build --bin synkronus
 	portal-tests/run.sh $(TARGET_DIR)/debug/synkronus
 
 ## Property-based API test (schemathesis from PyPI) against the real server and its OpenAPI document.
-api-fuzz: deps
+api-fuzz: test-deps
 	$(CARGO) build --bin synkronus
 	scripts/schemathesis.sh $(TARGET_DIR)/debug/synkronus
 
