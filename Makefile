@@ -41,11 +41,13 @@ run: deps .env release
 	$(TARGET_DIR)/release/synkronus serve
 
 ## Everything the tests need, then all tests (unit + black-box against a real PostgreSQL), then the
-## portal in a headless browser.
+## portal in a headless browser and the schemathesis run. Both use the server binary `cargo test`
+## has just built for the black-box tests (a separate `cargo build` would resolve other features
+## and rebuild half the dependency tree).
 test: test-deps
 	$(CARGO) test --workspace -- --test-threads=4; status=$$?; $(MAKE) --no-print-directory stop-test-cluster; \
-	$(MAKE) --no-print-directory portal-test || status=1; \
-	$(MAKE) --no-print-directory api-fuzz || status=1; exit $$status
+	portal-tests/run.sh $(TARGET_DIR)/debug/synkronus || status=1; \
+	scripts/schemathesis.sh $(TARGET_DIR)/debug/synkronus || status=1; exit $$status
 
 ## Browser tests of the portal: builds the server, runs it on a temporary embedded database and a
 ## free port, drives it with headless Chromium (portal-tests/), then stops it. Screenshots land in
