@@ -261,7 +261,7 @@ mod sync_codecs {
                     id: r.id.clone(),
                     form_type: r.form_type.clone(),
                     form_version: r.form_version.clone(),
-                    data: raw(&r.data.clone().unwrap_or(Value::Null)),
+                    data: r.data.clone().unwrap_or_else(|| raw(&Value::Null)),
                     deleted: r.deleted,
                     created_at: r.created_at,
                     updated_at: r.updated_at,
@@ -284,7 +284,8 @@ mod sync_codecs {
                 prop_assert_eq!(&r.id, &g.id);
                 prop_assert_eq!(&r.form_type, &g.form_type);
                 prop_assert_eq!(&r.form_version, &g.form_version);
-                prop_assert_eq!(r.data.as_ref(), Some(&g.data));
+                let data: Option<Value> = r.data.as_ref().and_then(|d| serde_json::from_str(d.get()).ok());
+                prop_assert_eq!(data.as_ref(), Some(&g.data));
                 prop_assert_eq!(r.deleted, g.deleted);
             }
             let result = PushResult {

@@ -72,8 +72,12 @@ impl SchemaCache {
             let Some(validator) = self.validator(pool, &record.form_type, &record.form_version).await? else {
                 continue;
             };
+            // Parsed only here, when validation is on: the push path keeps data as text.
+            let Ok(data) = serde_json::from_str::<Value>(data.get()) else {
+                continue;
+            };
             let errors: Vec<Value> = validator
-                .iter_errors(data)
+                .iter_errors(&data)
                 .take(MAX_ERRORS_PER_RECORD)
                 .map(|e| json!({"path": e.instance_path().to_string(), "message": e.to_string()}))
                 .collect();

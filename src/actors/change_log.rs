@@ -8,17 +8,20 @@ use std::collections::{HashMap, VecDeque};
 use actix::prelude::*;
 use chrono::{SubsecRound, Utc};
 use deadpool_postgres::Pool;
-use serde_json::json;
 use tokio::sync::oneshot;
+use tokio_postgres::types::Json;
 
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
-use crate::db::records::{self, CurrentState, Head, RevisionBatch, CHANGELOG_LOCK};
-use crate::domain::sync::{IncomingRecord, PushResult, Warning};
+use crate::db::records::{self, Head, RevisionBatch, CHANGELOG_LOCK};
+use crate::domain::sync::{empty_object, IncomingRecord, PushResult, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
-/// Bounds on one group commit: enough to amortise the transaction, small enough to keep latency flat.
+/// Bounds on one group commit: enough to amortise the transaction, small enough to keep latency
+/// flat. The byte bound also keeps every statement far below PostgreSQL's 1 GB message limit
+/// whatever the records weigh (a single push is bounded by MAX_JSON_BODY_BYTES).
 const MAX_PUSHES_PER_COMMIT: usize = 256;
 const MAX_RECORDS_PER_COMMIT: usize = 20_000;
+const MAX_DATA_BYTES_PER_COMMIT: usize = 16 << 20;
 
 /// A validated push, ready to commit.
 pub struct Push {
@@ -31,6 +34,13 @@ pub struct Push {
     pub pushed_by: String,
     /// The repository generation the client holds, when it sent one (API.md 17.2).
     pub expected_generation: Option<i64>,
+}
+
+impl Push {
+    /// The JSON text the push stores, which dominates a commit's size.
+    fn data_bytes(&self) -> usize {
+        self.records.iter().map(|r| r.data.as_ref().map_or(0, |d| d.get().len())).sum()
+    }
 }
 
 impl Message for Push {
@@ -126,14 +136,19 @@ impl ChangeLog {
         }
         let mut batch = Vec::new();
         let mut records = 0;
+        let mut bytes = 0;
         while let Some(Waiting::Push(next)) = self.pending.front() {
             let n = next.push.records.len();
+            let size = next.push.data_bytes();
             if !batch.is_empty()
-                && (batch.len() >= MAX_PUSHES_PER_COMMIT || records + n > MAX_RECORDS_PER_COMMIT)
+                && (batch.len() >= MAX_PUSHES_PER_COMMIT
+                    || records + n > MAX_RECORDS_PER_COMMIT
+                    || bytes + size > MAX_DATA_BYTES_PER_COMMIT)
             {
                 break;
             }
             records += n;
+            bytes += size;
             if let Some(Waiting::Push(p)) = self.pending.pop_front() {
                 batch.push(p);
             }
@@ -257,6 +272,17 @@ async fn commit_and_reply(pool: Pool, batch: Vec<Pending>) {
     }
 }
 
+/// A record's latest state while a batch is built: as stored, or as an earlier push of the same
+/// batch left it (then `batch_index` is that revision's row in the batch).
+#[derive(Clone, Copy)]
+struct Latest<'a> {
+    change_id: i64,
+    created_at: Option<chrono::DateTime<Utc>>,
+    created_by: &'a str,
+    data: Option<&'a serde_json::value::RawValue>,
+    batch_index: Option<usize>,
+}
+
 /// What a push turns into once the stored transmissions are known.
 enum Decision {
     Apply,
@@ -277,27 +303,35 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
 
     let decisions = decide(&tx, pushes, repository_generation).await?;
 
-    let mut ids: Vec<String> = Vec::new();
-    let mut need_data: Vec<String> = Vec::new();
-    for (push, decision) in pushes.iter().zip(&decisions) {
-        if matches!(decision, Decision::Apply) {
-            for r in &push.records {
-                ids.push(r.id.clone());
-                if r.data.is_none() {
-                    need_data.push(r.id.clone());
-                }
-            }
-        }
-    }
+    let applied =
+        || pushes.iter().zip(&decisions).filter(|(_, d)| matches!(d, Decision::Apply)).map(|(p, _)| p);
+    let mut ids: Vec<&str> = applied().flat_map(|p| p.records.iter().map(|r| r.id.as_str())).collect();
+    let need_data: Vec<&str> = applied()
+        .flat_map(|p| p.records.iter().filter(|r| r.data.is_none()).map(|r| r.id.as_str()))
+        .collect();
     ids.sort_unstable();
     ids.dedup();
-    let mut states = records::current_states(&tx, &ids, &need_data).await?;
-    let existed: std::collections::HashSet<String> = states.keys().cloned().collect();
+    let stored_states = records::current_states(&tx, &ids, &need_data).await?;
+    let mut latest: HashMap<&str, Latest> = stored_states
+        .iter()
+        .map(|(id, s)| {
+            let state = Latest {
+                change_id: s.change_id,
+                created_at: s.created_at,
+                created_by: &s.created_by,
+                data: s.data.as_deref(),
+                batch_index: None,
+            };
+            (id.as_str(), state)
+        })
+        .collect();
 
     // Server time is the commit time; microseconds, as the database stores it.
     let now = Utc::now().trunc_subsecs(6);
+    let empty = empty_object();
     let mut next = head;
-    let mut revisions = RevisionBatch::default();
+    let mut revisions = RevisionBatch::with_capacity(applied().map(|p| p.records.len()).sum());
+    let mut superseded_in_batch = Vec::new();
     let mut results: Vec<Option<PushResult>> = vec![None; pushes.len()];
     for (i, (push, decision)) in pushes.iter().zip(&decisions).enumerate() {
         if !matches!(decision, Decision::Apply) {
@@ -307,7 +341,7 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
         let mut warnings = push.warnings.clone();
         for (index, rec) in push.records.iter().enumerate() {
             next += 1;
-            let prev = states.get(&rec.id);
+            let prev = latest.get(rec.id.as_str()).copied();
             let overwrote = prev.map(|s| s.change_id);
             let conflict = match (rec.base_version, overwrote) {
                 (Some(base), Some(current)) if base < current => {
@@ -316,34 +350,41 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
                 }
                 _ => false,
             };
-            let data =
-                rec.data.clone().or_else(|| prev.and_then(|s| s.data.clone())).unwrap_or_else(|| json!({}));
+            let data = rec.data.as_deref().or_else(|| prev.and_then(|s| s.data)).unwrap_or(&empty);
             let created_at = rec.created_at.or_else(|| prev.and_then(|s| s.created_at)).or(Some(now));
-            let created_by = prev.map(|s| s.created_by.clone()).unwrap_or_else(|| push.pushed_by.clone());
+            let created_by = prev.map_or(push.pushed_by.as_str(), |s| s.created_by);
+            if let Some(earlier) = prev.and_then(|s| s.batch_index) {
+                superseded_in_batch.push(earlier);
+            }
 
+            latest.insert(
+                &rec.id,
+                Latest {
+                    change_id: next,
+                    created_at,
+                    created_by,
+                    data: Some(data),
+                    batch_index: Some(revisions.change_id.len()),
+                },
+            );
             revisions.change_id.push(next);
-            revisions.record_id.push(rec.id.clone());
-            revisions.form_type.push(rec.form_type.clone());
-            revisions.form_version.push(rec.form_version.clone());
-            revisions.data.push(data.clone());
+            revisions.record_id.push(&rec.id);
+            revisions.form_type.push(&rec.form_type);
+            revisions.form_version.push(&rec.form_version);
+            revisions.data.push(Json(data));
             revisions.deleted.push(rec.deleted);
             revisions.created_at.push(created_at);
             revisions.updated_at.push(rec.updated_at.or(Some(now)));
-            revisions.geolocation.push(rec.geolocation.clone());
-            revisions.author.push(rec.author.clone());
-            revisions.device_id.push(rec.device_id.clone());
-            revisions.tags.push(rec.tags.as_ref().map(|t| json!(t)));
-            revisions.client_id.push(push.client_id.clone());
-            revisions.transmission_id.push(push.transmission_id.clone());
-            revisions.pushed_by.push(push.pushed_by.clone());
-            revisions.created_by.push(created_by.clone());
+            revisions.geolocation.push(rec.geolocation.as_ref());
+            revisions.author.push(rec.author.as_deref());
+            revisions.device_id.push(rec.device_id.as_deref());
+            revisions.tags.push(rec.tags.as_deref().map(Json));
+            revisions.client_id.push(&push.client_id);
+            revisions.transmission_id.push(push.transmission_id.as_deref());
+            revisions.pushed_by.push(&push.pushed_by);
+            revisions.created_by.push(created_by);
             revisions.overwrote_version.push(overwrote);
             revisions.conflict.push(conflict);
-
-            states.insert(
-                rec.id.clone(),
-                CurrentState { change_id: next, created_at, created_by, data: Some(data) },
-            );
             items.push((rec.id.clone(), next));
         }
         warnings.sort_by_key(|(index, _)| *index);
@@ -360,19 +401,18 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
 
     // Records that existed before this batch and that it overwrites: their current state is
     // archived as a superseded revision.
-    let overwritten_ids: Vec<String> =
-        ids.iter().filter(|id| existed.contains(id.as_str())).cloned().collect();
-    records::write_revisions(&tx, &revisions, &overwritten_ids, now).await?;
+    let overwritten_ids: Vec<&str> = stored_states.keys().map(String::as_str).collect();
+    records::write_revisions(&tx, &revisions, &superseded_in_batch, &overwritten_ids, now).await?;
     let mut t_clients = Vec::new();
     let mut t_ids = Vec::new();
     let mut t_prints = Vec::new();
     let mut t_results = Vec::new();
     for ((push, decision), result) in pushes.iter().zip(&decisions).zip(&results) {
         if let (Decision::Apply, Some(tid), Some(result)) = (decision, &push.transmission_id, result) {
-            t_clients.push(push.client_id.clone());
-            t_ids.push(tid.clone());
-            t_prints.push(push.fingerprint.clone());
-            t_results.push(serde_json::to_value(result).map_err(ApiError::internal)?);
+            t_clients.push(push.client_id.as_str());
+            t_ids.push(tid.as_str());
+            t_prints.push(push.fingerprint.as_slice());
+            t_results.push(Json(result));
         }
     }
     records::insert_transmissions(&tx, &t_clients, &t_ids, &t_prints, &t_results).await?;

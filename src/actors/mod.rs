@@ -25,7 +25,10 @@ pub struct Actors {
 /// Starts every actor; called once by the app factory. `conn` is the database connection
 /// string, for actors that need a dedicated connection (LISTEN) or a pool of their own (exports).
 pub async fn start(config: &Config, pool: &deadpool_postgres::Pool, conn: &str) -> anyhow::Result<Actors> {
-    let change_log = change_log::ChangeLog::new(pool.clone()).start();
+    // The change log has connections of its own: its group commits send statements of many
+    // megabytes, and a connection keeps buffers as large as the largest message it carried, so
+    // sharing the request pool would leave every pooled connection holding that much memory.
+    let change_log = change_log::ChangeLog::new(crate::db::create_pool(conn, 2)?).start();
     let presence = presence::Presence::new(pool.clone()).start();
     let bundles = bundle_store::BundleStore::start(config, pool, conn).await?;
     let attachments =

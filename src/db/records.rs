@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
 use serde_json::Value;
+use tokio_postgres::types::Json;
 use tokio_postgres::Row;
 
 use crate::domain::sync::{PushResult, StoredRecord};
@@ -112,17 +113,17 @@ pub struct CurrentState {
     pub created_at: Option<DateTime<Utc>>,
     pub created_by: String,
     /// Loaded only for records a deletion without data will touch.
-    pub data: Option<Value>,
+    pub data: Option<Box<RawValue>>,
 }
 
 pub async fn current_states(
     db: &impl GenericClient,
-    ids: &[String],
-    need_data: &[String],
+    ids: &[&str],
+    need_data: &[&str],
 ) -> ApiResult<HashMap<String, CurrentState>> {
     let rows = db
         .query(
-            "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data END
+            "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data::text END
              FROM records WHERE id = ANY($1)",
             &[&ids, &need_data],
         )
@@ -136,7 +137,7 @@ pub async fn current_states(
                     change_id: r.get(1),
                     created_at: r.get(2),
                     created_by: r.get(3),
-                    data: r.get(4),
+                    data: r.get::<_, Option<String>>(4).map(raw_json),
                 },
             )
         })
@@ -182,61 +183,78 @@ pub async fn find_transmissions(
 }
 
 /// Column arrays for one set-based insert of revisions (and, from the last revision of each id,
-/// the records' new current state).
+/// the records' new current state). The values are borrowed from the pushes being committed and
+/// the states read for them: a group commit of thousands of records copies none of them.
 #[derive(Default)]
-pub struct RevisionBatch {
+pub struct RevisionBatch<'a> {
     pub change_id: Vec<i64>,
-    pub record_id: Vec<String>,
-    pub form_type: Vec<String>,
-    pub form_version: Vec<String>,
-    pub data: Vec<Value>,
+    pub record_id: Vec<&'a str>,
+    pub form_type: Vec<&'a str>,
+    pub form_version: Vec<&'a str>,
+    pub data: Vec<Json<&'a RawValue>>,
     pub deleted: Vec<bool>,
     pub created_at: Vec<Option<DateTime<Utc>>>,
     pub updated_at: Vec<Option<DateTime<Utc>>>,
-    pub geolocation: Vec<Option<Value>>,
-    pub author: Vec<Option<String>>,
-    pub device_id: Vec<Option<String>>,
-    pub tags: Vec<Option<Value>>,
-    pub client_id: Vec<String>,
-    pub transmission_id: Vec<Option<String>>,
-    pub pushed_by: Vec<String>,
-    pub created_by: Vec<String>,
+    pub geolocation: Vec<Option<&'a Value>>,
+    pub author: Vec<Option<&'a str>>,
+    pub device_id: Vec<Option<&'a str>>,
+    pub tags: Vec<Option<Json<&'a [String]>>>,
+    pub client_id: Vec<&'a str>,
+    pub transmission_id: Vec<Option<&'a str>>,
+    pub pushed_by: Vec<&'a str>,
+    pub created_by: Vec<&'a str>,
     pub overwrote_version: Vec<Option<i64>>,
     pub conflict: Vec<bool>,
 }
 
-impl RevisionBatch {
+impl<'a> RevisionBatch<'a> {
+    pub fn with_capacity(n: usize) -> Self {
+        RevisionBatch {
+            change_id: Vec::with_capacity(n),
+            record_id: Vec::with_capacity(n),
+            form_type: Vec::with_capacity(n),
+            form_version: Vec::with_capacity(n),
+            data: Vec::with_capacity(n),
+            deleted: Vec::with_capacity(n),
+            created_at: Vec::with_capacity(n),
+            updated_at: Vec::with_capacity(n),
+            geolocation: Vec::with_capacity(n),
+            author: Vec::with_capacity(n),
+            device_id: Vec::with_capacity(n),
+            tags: Vec::with_capacity(n),
+            client_id: Vec::with_capacity(n),
+            transmission_id: Vec::with_capacity(n),
+            pushed_by: Vec::with_capacity(n),
+            created_by: Vec::with_capacity(n),
+            overwrote_version: Vec::with_capacity(n),
+            conflict: Vec::with_capacity(n),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.change_id.is_empty()
     }
 
-    /// The revisions a later revision of the same record in this batch replaces.
-    fn superseded_within_batch(&self) -> RevisionBatch {
-        let mut last_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-        for (i, id) in self.record_id.iter().enumerate() {
-            last_of.insert(id.as_str(), i);
-        }
-        let mut out = RevisionBatch::default();
-        for i in 0..self.change_id.len() {
-            if last_of.get(self.record_id[i].as_str()) == Some(&i) {
-                continue;
-            }
+    /// The rows at `indexes`, in order.
+    fn select(&self, indexes: &[usize]) -> RevisionBatch<'a> {
+        let mut out = RevisionBatch::with_capacity(indexes.len());
+        for &i in indexes {
             out.change_id.push(self.change_id[i]);
-            out.record_id.push(self.record_id[i].clone());
-            out.form_type.push(self.form_type[i].clone());
-            out.form_version.push(self.form_version[i].clone());
-            out.data.push(self.data[i].clone());
+            out.record_id.push(self.record_id[i]);
+            out.form_type.push(self.form_type[i]);
+            out.form_version.push(self.form_version[i]);
+            out.data.push(Json(self.data[i].0));
             out.deleted.push(self.deleted[i]);
             out.created_at.push(self.created_at[i]);
             out.updated_at.push(self.updated_at[i]);
-            out.geolocation.push(self.geolocation[i].clone());
-            out.author.push(self.author[i].clone());
-            out.device_id.push(self.device_id[i].clone());
-            out.tags.push(self.tags[i].clone());
-            out.client_id.push(self.client_id[i].clone());
-            out.transmission_id.push(self.transmission_id[i].clone());
-            out.pushed_by.push(self.pushed_by[i].clone());
-            out.created_by.push(self.created_by[i].clone());
+            out.geolocation.push(self.geolocation[i]);
+            out.author.push(self.author[i]);
+            out.device_id.push(self.device_id[i]);
+            out.tags.push(self.tags[i].as_ref().map(|t| Json(t.0)));
+            out.client_id.push(self.client_id[i]);
+            out.transmission_id.push(self.transmission_id[i]);
+            out.pushed_by.push(self.pushed_by[i]);
+            out.created_by.push(self.created_by[i]);
             out.overwrote_version.push(self.overwrote_version[i]);
             out.conflict.push(self.conflict[i]);
         }
@@ -249,8 +267,9 @@ impl RevisionBatch {
 /// there too, and each record's last revision becomes its current state.
 pub async fn write_revisions(
     db: &impl GenericClient,
-    b: &RevisionBatch,
-    overwritten_ids: &[String],
+    b: &RevisionBatch<'_>,
+    superseded_in_batch: &[usize],
+    overwritten_ids: &[&str],
     synced_at: DateTime<Utc>,
 ) -> ApiResult<()> {
     if b.is_empty() {
@@ -269,29 +288,42 @@ pub async fn write_revisions(
         )
         .await?;
     }
-    let superseded = b.superseded_within_batch();
-    if !superseded.is_empty() {
-        insert_revision_rows(db, &superseded, synced_at).await?;
+    if !superseded_in_batch.is_empty() {
+        insert_revision_rows(db, &b.select(superseded_in_batch), synced_at).await?;
     }
-    // DISTINCT ON keeps one row per id (its latest change): ON CONFLICT cannot touch a row twice.
+    // Each record's last revision in the batch becomes its current state: a plain insert for new
+    // ids and an update for stored ones. Under the change-log lock nobody else writes records, so
+    // neither needs ON CONFLICT's speculative insertion, nor a sort to keep one row per id.
+    let mut superseded = vec![false; b.change_id.len()];
+    for &i in superseded_in_batch {
+        superseded[i] = true;
+    }
+    let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
+    let (updates, inserts): (Vec<usize>, Vec<usize>) =
+        (0..b.change_id.len()).filter(|&i| !superseded[i]).partition(|&i| stored.contains(b.record_id[i]));
+    if !inserts.is_empty() {
+        insert_current_rows(db, &b.select(&inserts), synced_at).await?;
+    }
+    if !updates.is_empty() {
+        update_current_rows(db, &b.select(&updates), synced_at).await?;
+    }
+    Ok(())
+}
+
+async fn insert_current_rows(
+    db: &impl GenericClient,
+    b: &RevisionBatch<'_>,
+    synced_at: DateTime<Utc>,
+) -> ApiResult<()> {
     db.execute(
         "INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
              geolocation, author, device_id, tags, change_id, created_by, client_id, transmission_id, pushed_by,
              overwrote_version, conflict)
-         SELECT DISTINCT ON (r) r, ft, fv, d, del, ca, ua, $13, g, au, dv, tg, c, cb, cl, tr, pb, ov, cf
+         SELECT r, ft, fv, d, del, ca, ua, $13, g, au, dv, tg, c, cb, cl, tr, pb, ov, cf
          FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
                      $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
                      $14::text[], $15::text[], $16::text[], $17::text[], $18::bigint[], $19::bool[])
-              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cb, cl, tr, pb, ov, cf)
-         ORDER BY r, c DESC
-         ON CONFLICT (id) DO UPDATE SET
-             form_type = EXCLUDED.form_type, form_version = EXCLUDED.form_version, data = EXCLUDED.data,
-             deleted = EXCLUDED.deleted, created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at,
-             synced_at = EXCLUDED.synced_at, geolocation = EXCLUDED.geolocation, author = EXCLUDED.author,
-             device_id = EXCLUDED.device_id, tags = EXCLUDED.tags, change_id = EXCLUDED.change_id,
-             client_id = EXCLUDED.client_id, transmission_id = EXCLUDED.transmission_id,
-             pushed_by = EXCLUDED.pushed_by, overwrote_version = EXCLUDED.overwrote_version,
-             conflict = EXCLUDED.conflict",
+              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cb, cl, tr, pb, ov, cf)",
         &[
             &b.change_id,
             &b.record_id,
@@ -318,9 +350,51 @@ pub async fn write_revisions(
     Ok(())
 }
 
+/// `created_by` stays: the record keeps the owner of its first revision.
+async fn update_current_rows(
+    db: &impl GenericClient,
+    b: &RevisionBatch<'_>,
+    synced_at: DateTime<Utc>,
+) -> ApiResult<()> {
+    db.execute(
+        "UPDATE records SET
+             form_type = u.ft, form_version = u.fv, data = u.d, deleted = u.del, created_at = u.ca,
+             updated_at = u.ua, synced_at = $13, geolocation = u.g, author = u.au, device_id = u.dv, tags = u.tg,
+             change_id = u.c, client_id = u.cl, transmission_id = u.tr, pushed_by = u.pb,
+             overwrote_version = u.ov, conflict = u.cf
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
+                     $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
+                     $14::text[], $15::text[], $16::text[], $17::bigint[], $18::bool[])
+              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cl, tr, pb, ov, cf)
+         WHERE records.id = u.r",
+        &[
+            &b.change_id,
+            &b.record_id,
+            &b.form_type,
+            &b.form_version,
+            &b.data,
+            &b.deleted,
+            &b.created_at,
+            &b.updated_at,
+            &b.geolocation,
+            &b.author,
+            &b.device_id,
+            &b.tags,
+            &synced_at,
+            &b.client_id,
+            &b.transmission_id,
+            &b.pushed_by,
+            &b.overwrote_version,
+            &b.conflict,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 async fn insert_revision_rows(
     db: &impl GenericClient,
-    b: &RevisionBatch,
+    b: &RevisionBatch<'_>,
     synced_at: DateTime<Utc>,
 ) -> ApiResult<()> {
     db.execute(
@@ -359,10 +433,10 @@ async fn insert_revision_rows(
 
 pub async fn insert_transmissions(
     db: &impl GenericClient,
-    client_ids: &[String],
-    transmission_ids: &[String],
-    fingerprints: &[Vec<u8>],
-    results: &[Value],
+    client_ids: &[&str],
+    transmission_ids: &[&str],
+    fingerprints: &[&[u8]],
+    results: &[Json<&PushResult>],
 ) -> ApiResult<()> {
     if client_ids.is_empty() {
         return Ok(());

@@ -670,3 +670,89 @@ async fn record_validation_off_checks_nothing() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["warnings"], json!([]));
 }
+
+/// One push that touches a record several times, and deletions without data: every revision is
+/// kept in order, the deletion keeps the latest data, and the record keeps its first owner.
+#[actix_web::test]
+async fn repeated_ids_in_a_push_keep_every_revision_and_the_owner() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let bob = app.user_token(&admin, "bob", "read-write").await;
+    let (status, body) = push(
+        &app,
+        &admin,
+        json!({"transmission_id": "t1", "client_id": "c1", "records": [
+            {"observation_id": "y", "form_type": "f", "data": {"v": 1}}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = push(
+        &app,
+        &bob,
+        json!({"transmission_id": "t2", "client_id": "c2", "records": [
+            {"observation_id": "x", "form_type": "f", "data": {"v": 1}},
+            {"observation_id": "y", "form_type": "f", "data": {"v": 2}},
+            {"observation_id": "x", "form_type": "f", "data": {"v": 2}},
+            {"observation_id": "x", "form_type": "f", "deleted": true},
+            {"observation_id": "y", "form_type": "f", "deleted": true}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["current_version"], 6);
+
+    for (id, first_owner, versions) in [("x", "bob", [5, 4, 2]), ("y", "admin", [6, 3, 1])] {
+        let (status, current) =
+            app.call(Method::GET, &format!("/observations/{id}"), Some(&admin), None).await;
+        assert_eq!(status, StatusCode::OK, "{current}");
+        assert_eq!(current["deleted"], true, "{current}");
+        assert_eq!(current["data"]["v"], 2, "a deletion without data keeps the latest data: {current}");
+        assert_eq!(current["created_by"], first_owner, "{current}");
+        let (_, hist) =
+            app.call(Method::GET, &format!("/observations/{id}/history"), Some(&admin), None).await;
+        let revisions = hist["revisions"].as_array().expect("revisions");
+        let found: Vec<i64> = revisions.iter().map(|r| r["version"].as_i64().expect("version")).collect();
+        assert_eq!(found, versions, "{hist}");
+        assert_eq!(revisions[0]["overwrote_version"], versions[1]);
+        assert_eq!(revisions[1]["overwrote_version"], versions[2]);
+        assert_eq!(revisions[2]["overwrote_version"], Value::Null);
+        assert_eq!(revisions[1]["data"]["v"], 2);
+        assert_eq!(revisions[2]["data"]["v"], 1);
+    }
+}
+
+/// Pushes racing on one record, committed in whatever groups the change log forms: the history
+/// is one unbroken chain and the current state is its newest link.
+#[actix_web::test]
+async fn racing_updates_of_one_record_form_one_unbroken_history() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let pushes = (0..24).map(|i| {
+        let app = &app;
+        let admin = &admin;
+        async move {
+            let body = json!({"transmission_id": format!("t{i}"), "client_id": format!("c{i}"), "records": [
+                {"observation_id": "shared", "form_type": "f", "data": {"writer": i}},
+                {"observation_id": format!("own-{i}"), "form_type": "f", "data": {"writer": i}}]});
+            let (status, body) = push(app, admin, body).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+    });
+    futures_util::future::join_all(pushes).await;
+
+    let (_, hist) = app.call(Method::GET, "/observations/shared/history?limit=100", Some(&admin), None).await;
+    let revisions = hist["revisions"].as_array().expect("revisions");
+    assert_eq!(revisions.len(), 24, "{hist}");
+    for pair in revisions.windows(2) {
+        assert!(pair[0]["version"].as_i64() > pair[1]["version"].as_i64(), "newest first");
+        assert_eq!(
+            pair[0]["overwrote_version"], pair[1]["version"],
+            "each revision overwrote the one before"
+        );
+    }
+    let writers: HashSet<i64> =
+        revisions.iter().map(|r| r["data"]["writer"].as_i64().expect("writer")).collect();
+    assert_eq!(writers.len(), 24, "no revision lost");
+    let (_, current) = app.call(Method::GET, "/observations/shared", Some(&admin), None).await;
+    assert_eq!(current["version"], revisions[0]["version"]);
+    assert_eq!(current["data"], revisions[0]["data"]);
+}

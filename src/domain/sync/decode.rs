@@ -1,6 +1,7 @@
 //! Wire -> internal model for push and pull, with the validation order of API.md 8.3.
 
 use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{clamp_limit, Dialect, IncomingRecord, PullCursor, PullRequest, PushRequest, Warning};
@@ -199,14 +200,18 @@ fn timestamp(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems)
 }
 
 /// A JSON object field (data, geolocation) that must be storable.
-fn json_object(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems) -> Option<Value> {
+fn json_object<'a>(
+    rec: &'a Map<String, Value>,
+    key: &str,
+    problems: &mut RecordProblems,
+) -> Option<&'a Value> {
     match rec.get(key) {
         None | Some(Value::Null) => None,
         Some(v @ Value::Object(_)) => {
             if let Err(why) = storable_json(v) {
                 problems.add(key, "TYPE_ERROR", format!("{key} cannot be stored: {why}"));
             }
-            Some(v.clone())
+            Some(v)
         }
         Some(_) => {
             let what = if key == "data" { "a JSON object" } else { "an object or null" };
@@ -303,16 +308,22 @@ fn decode_record(
         id: id?,
         form_type,
         form_version,
-        data,
+        data: data.map(compact_json),
         deleted,
         created_at,
         updated_at,
-        geolocation,
+        geolocation: geolocation.cloned(),
         base_version,
         author,
         device_id,
         tags,
     })
+}
+
+/// A parsed value as compact JSON text; object keys come out sorted (serde_json's map is ordered).
+fn compact_json(value: &Value) -> Box<RawValue> {
+    // Serialising a parsed `Value` cannot fail: its keys are strings and its numbers are finite.
+    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
 /// NUL cannot appear in PostgreSQL text, and `\u0000` breaks any later cast to jsonb (exports,

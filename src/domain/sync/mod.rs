@@ -52,13 +52,15 @@ impl Dialect {
 
 /// A record as pushed, after decoding and validation. Serialised (keys sorted) it is also the
 /// canonical form the idempotency fingerprint is computed from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IncomingRecord {
     pub id: String,
     pub form_type: String,
     pub form_version: String,
-    /// `None` only on deletions that send no data: the previous data is kept.
-    pub data: Option<Value>,
+    /// `None` only on deletions that send no data: the previous data is kept. Held as compact
+    /// JSON text (keys sorted), serialised once at decode: the commit copies it to the database
+    /// as is, and no deep clone of a parsed tree is made per record.
+    pub data: Option<Box<RawValue>>,
     pub deleted: bool,
     pub created_at: Option<DateTime<Utc>>,
     pub updated_at: Option<DateTime<Utc>>,
@@ -67,6 +69,11 @@ pub struct IncomingRecord {
     pub author: Option<String>,
     pub device_id: Option<String>,
     pub tags: Option<Vec<String>>,
+}
+
+/// `{}`: the data of a deletion whose record never had any.
+pub fn empty_object() -> Box<RawValue> {
+    RawValue::from_string("{}".to_string()).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
 /// A decoded push request.
@@ -85,8 +92,62 @@ impl PushRequest {
     /// SHA-256 of the canonical JSON of the decoded records: the same content in another dialect,
     /// key order or spacing is the same payload (API.md 8.6).
     pub fn fingerprint(&self) -> Vec<u8> {
-        let canonical = serde_json::to_value(&self.records).map(|v| v.to_string()).unwrap_or_default();
-        Sha256::digest(canonical.as_bytes()).to_vec()
+        let mut hasher = HashWriter(Sha256::new());
+        let canonical: Vec<CanonicalRecord> = self.records.iter().map(CanonicalRecord::from).collect();
+        // Writing into a hasher cannot fail; an error would only come from a Serialize impl.
+        let _ = serde_json::to_writer(&mut hasher, &canonical);
+        hasher.0.finalize().to_vec()
+    }
+}
+
+/// The canonical JSON of a record: its fields in alphabetical order (as the first releases
+/// hashed them through a sorted map, so stored fingerprints stay valid), written straight into
+/// the hasher without building a copy of the records.
+#[derive(Serialize)]
+struct CanonicalRecord<'a> {
+    author: &'a Option<String>,
+    base_version: Option<i64>,
+    created_at: Option<DateTime<Utc>>,
+    data: &'a Option<Box<RawValue>>,
+    deleted: bool,
+    device_id: &'a Option<String>,
+    form_type: &'a str,
+    form_version: &'a str,
+    geolocation: &'a Option<Value>,
+    id: &'a str,
+    tags: &'a Option<Vec<String>>,
+    updated_at: Option<DateTime<Utc>>,
+}
+
+impl<'a> From<&'a IncomingRecord> for CanonicalRecord<'a> {
+    fn from(r: &'a IncomingRecord) -> Self {
+        CanonicalRecord {
+            author: &r.author,
+            base_version: r.base_version,
+            created_at: r.created_at,
+            data: &r.data,
+            deleted: r.deleted,
+            device_id: &r.device_id,
+            form_type: &r.form_type,
+            form_version: &r.form_version,
+            geolocation: &r.geolocation,
+            id: &r.id,
+            tags: &r.tags,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -229,4 +290,43 @@ pub fn clamp_limit(requested: Option<i64>) -> i64 {
 pub struct PullCursor {
     pub a: i64,
     pub t: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode::decode_push;
+    use super::*;
+    use serde_json::json;
+
+    /// The fingerprint as the first releases computed it: the records through a sorted map.
+    fn fingerprint_through_sorted_map(push: &PushRequest) -> Vec<u8> {
+        let canonical = serde_json::to_value(&push.records).expect("records serialise").to_string();
+        Sha256::digest(canonical.as_bytes()).to_vec()
+    }
+
+    #[test]
+    fn fingerprints_match_the_sorted_map_form_stored_by_earlier_releases() {
+        let mut bodies: Vec<Value> =
+            ["test_observations.json", "test_update_observations.json", "test_delete_observations.json"]
+                .iter()
+                .map(|name| {
+                    let path = format!("{}/tests/fixtures/upstream/{name}", env!("CARGO_MANIFEST_DIR"));
+                    serde_json::from_str(&std::fs::read_to_string(path).expect("fixture"))
+                        .expect("fixture JSON")
+                })
+                .collect();
+        bodies.push(json!({
+            "client_id": "c", "transmission_id": "t",
+            "records": [
+                {"observation_id": "a", "form_type": "f", "form_version": "1", "created_at": "2025-01-01T00:00:00+02:00",
+                 "data": {"z": 1e300, "big": 123456789012345678901234567890_u128, "é": "\u{1F600}\n\"", "a": [null, {"y": 1, "x": 2}]},
+                 "geolocation": {"lon": 2.5, "lat": -1}, "author": "me", "tags": ["x", "y"], "version": 3},
+                {"observation_id": "b", "deleted": true},
+            ]
+        }));
+        for body in bodies {
+            let push = decode_push(&body).expect("valid push");
+            assert_eq!(push.fingerprint(), fingerprint_through_sorted_map(&push), "{body}");
+        }
+    }
 }
