@@ -50,16 +50,38 @@ pub async fn pull_page(
     types: &[String],
     limit: i64,
 ) -> ApiResult<(Head, Vec<StoredRecord>)> {
+    // With a type filter, each type is read in change_id order from (form_type, change_id) and
+    // the short lists are merged. Written as `form_type = ANY(...)`, the planner picks a bitmap
+    // scan of every matching row plus a sort whenever its statistics lag behind a burst of
+    // pushes (measured: 250 ms instead of 2 ms per page right after 250,000 new records).
+    let page = if types.is_empty() {
+        format!(
+            "SELECT {RECORD_COLUMNS} FROM records WHERE change_id > $1 AND change_id <= h.head
+             ORDER BY change_id LIMIT $2"
+        )
+    } else {
+        format!(
+            "SELECT x.* FROM unnest($3::text[]) AS t(ft) CROSS JOIN LATERAL (
+                 SELECT {RECORD_COLUMNS} FROM records
+                 WHERE form_type = t.ft AND change_id > $1 AND change_id <= h.head
+                 ORDER BY change_id LIMIT $2
+             ) x ORDER BY x.change_id LIMIT $2"
+        )
+    };
     let sql = format!(
         "WITH h AS (SELECT head, repository_generation FROM change_head)
-         SELECT h.head, h.repository_generation, r.* FROM h LEFT JOIN LATERAL (
-             SELECT {RECORD_COLUMNS} FROM records
-             WHERE change_id > $1 AND change_id <= h.head
-               AND (cardinality($2::text[]) = 0 OR form_type = ANY($2))
-             ORDER BY change_id LIMIT $3
-         ) r ON true"
+         SELECT h.head, h.repository_generation, r.* FROM h LEFT JOIN LATERAL ({page}) r ON true"
     );
-    let rows = db.query(&sql, &[&after, &types, &(limit + 1)]).await?;
+    let mut distinct_types: Vec<&str> = types.iter().map(String::as_str).collect();
+    distinct_types.sort_unstable();
+    distinct_types.dedup();
+    // Devices pull page after page: the statement is prepared once per connection.
+    let statement = db.prepare_cached(&sql).await?;
+    let rows = if distinct_types.is_empty() {
+        db.query(&statement, &[&after, &(limit + 1)]).await?
+    } else {
+        db.query(&statement, &[&after, &(limit + 1), &distinct_types]).await?
+    };
     let head = rows
         .first()
         .map(|r| Head { change_id: r.get(0), repository_generation: r.get(1) })
