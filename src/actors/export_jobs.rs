@@ -256,6 +256,19 @@ struct Engine {
     dir: PathBuf,
 }
 
+/// Export threads run at a lower scheduling priority (nice about 10): on a busy machine the
+/// kernel gives the cores to request handling first, so a long export takes longer instead of
+/// slowing sync down. Lowering one's own priority needs no privilege; a refusal is only logged.
+fn run_in_background() {
+    use thread_priority::{set_current_thread_priority, ThreadPriority, ThreadPriorityValue};
+    let lowered = ThreadPriorityValue::try_from(25u8).map_err(|e| e.to_string()).and_then(|p| {
+        set_current_thread_priority(ThreadPriority::Crossplatform(p)).map_err(|e| format!("{e:?}"))
+    });
+    if let Err(e) = lowered {
+        tracing::debug!(error = %e, "could not lower the export thread's priority");
+    }
+}
+
 pub struct ExportJobs {
     engine: Arc<Engine>,
     ttl: Duration,
@@ -272,6 +285,7 @@ impl ExportJobs {
             .worker_threads(1)
             .max_blocking_threads(slots + 2)
             .thread_name("export")
+            .on_thread_start(run_in_background)
             .enable_all()
             .build()?;
         let handle = runtime.handle().clone();
@@ -779,7 +793,7 @@ impl Run<'_, '_> {
         let mut inference = ColumnInference::new();
         loop {
             let batch = self.engine.block(sql::fetch_data(db, &portal, FETCH_ROWS))?;
-            batch.iter().for_each(|data| inference.observe(data));
+            batch.iter().for_each(|data| inference.observe_json_text(data));
             if batch.len() < FETCH_ROWS as usize {
                 return Ok(inference.finish());
             }

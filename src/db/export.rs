@@ -30,6 +30,9 @@ const ROW_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_a
 /// Starts the export's snapshot on `tx` (which must have been opened REPEATABLE READ READ ONLY)
 /// and returns its head: every row read later in `tx` is at or below it.
 pub async fn snapshot_head(tx: &Transaction<'_>) -> Result<(i64, DateTime<Utc>), tokio_postgres::Error> {
+    // An export is background work: its counting scans must not fan out over parallel workers
+    // and take every core from the pushes committing meanwhile.
+    tx.batch_execute("SET LOCAL max_parallel_workers_per_gather = 0").await?;
     let row = tx.query_one("SELECT head, now() FROM change_head", &[]).await?;
     Ok((row.get(0), row.get(1)))
 }
@@ -67,7 +70,7 @@ pub async fn count(
 }
 
 /// A portal over the selected rows in change_id order, optionally of one form type.
-/// `data_only` selects just `data`, for the type-inference pass.
+/// `data_only` selects just `data` as JSON text, for the type-inference pass.
 pub async fn open_rows(
     tx: &Transaction<'_>,
     filter: &ExportFilter,
@@ -75,7 +78,7 @@ pub async fn open_rows(
     form_type: Option<&str>,
     data_only: bool,
 ) -> Result<Portal, tokio_postgres::Error> {
-    let columns = if data_only { "data" } else { ROW_COLUMNS };
+    let columns = if data_only { "data::text" } else { ROW_COLUMNS };
     let one_type = if form_type.is_some() { " AND form_type = $5" } else { "" };
     let sql = format!("SELECT {columns} FROM records WHERE {FILTER}{one_type} ORDER BY change_id");
     let stmt = tx.prepare(&sql).await?;
@@ -86,12 +89,12 @@ pub async fn open_rows(
     }
 }
 
-/// The next batch of `data` values from an `open_rows(.., data_only = true)` portal.
+/// The next batch of `data` texts from an `open_rows(.., data_only = true)` portal.
 pub async fn fetch_data(
     tx: &Transaction<'_>,
     portal: &Portal,
     batch: i32,
-) -> Result<Vec<Value>, tokio_postgres::Error> {
+) -> Result<Vec<String>, tokio_postgres::Error> {
     Ok(tx.query_portal(portal, batch).await?.iter().map(|r| r.get(0)).collect())
 }
 

@@ -71,24 +71,39 @@ impl ColumnInference {
 
     /// Feeds one row's `data`. A non-object `data` has no leaves and adds nothing.
     pub fn observe(&mut self, data: &Value) {
+        for_each_leaf(data, &mut |name, value| self.record(name, kind_of(value)));
+    }
+
+    /// Feeds one row's `data` as JSON text, as the database returns it: the same result as
+    /// [`observe`](Self::observe) on the parsed value, without building it. The inference pass
+    /// reads every row of an export, and allocating each document's tree was most of its cost.
+    /// Text that is not valid JSON adds what was read before the error.
+    pub fn observe_json_text(&mut self, text: &str) {
+        let mut de = serde_json::Deserializer::from_str(text);
+        de.disable_recursion_limit();
+        let mut name = String::from(COLUMN_PREFIX);
+        let _ = serde::de::DeserializeSeed::deserialize(
+            streaming::Document { inference: self, name: &mut name },
+            &mut de,
+        );
+    }
+
+    fn record(&mut self, name: &str, kind: u8) {
         let kinds = &mut self.kinds;
-        for_each_leaf(data, &mut |name, value| {
-            let kind = kind_of(value);
-            if let Some(bits) = kinds.get_mut(name) {
-                *bits |= kind;
-                return;
+        if let Some(bits) = kinds.get_mut(name) {
+            *bits |= kind;
+            return;
+        }
+        if kinds.len() >= MAX_DATA_COLUMNS {
+            match kinds.last_key_value() {
+                Some((last, _)) if name > last.as_str() => return,
+                _ => {}
             }
-            if kinds.len() >= MAX_DATA_COLUMNS {
-                match kinds.last_key_value() {
-                    Some((last, _)) if name > last.as_str() => return,
-                    _ => {}
-                }
-            }
-            kinds.insert(name.to_owned(), kind);
-            if kinds.len() > MAX_DATA_COLUMNS {
-                kinds.pop_last();
-            }
-        });
+        }
+        kinds.insert(name.to_owned(), kind);
+        if kinds.len() > MAX_DATA_COLUMNS {
+            kinds.pop_last();
+        }
     }
 
     /// Number of columns currently tracked (never more than [`MAX_DATA_COLUMNS`]).
@@ -110,19 +125,185 @@ fn kind_of(value: &Value) -> u8 {
     match value {
         Value::Null => KIND_NULL,
         Value::Bool(_) => KIND_BOOL,
-        Value::Number(n) => {
-            if n.is_i64() {
-                KIND_INT
-            } else if n.as_f64().is_none() {
-                KIND_OTHER
-            } else if n.is_u64() || is_integer_literal(&n.to_string()) {
-                KIND_BIG_INT
-            } else {
-                KIND_FLOAT
-            }
-        }
+        Value::Number(n) => number_kind(n),
         Value::String(_) => KIND_STRING,
         Value::Array(_) | Value::Object(_) => KIND_OTHER,
+    }
+}
+
+fn number_kind(n: &serde_json::Number) -> u8 {
+    if n.is_i64() {
+        KIND_INT
+    } else if n.as_f64().is_none() {
+        KIND_OTHER
+    } else if n.is_u64() || is_integer_literal(&n.to_string()) {
+        KIND_BIG_INT
+    } else {
+        KIND_FLOAT
+    }
+}
+
+/// The streaming walk behind [`ColumnInference::observe_json_text`]: serde visitors that follow
+/// `walk`'s rules (flatten objects with `.`, arrays and over-deep objects are leaves) and report
+/// each leaf's kind, skipping values instead of building them.
+mod streaming {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::fmt;
+
+    use super::{
+        number_kind, ColumnInference, KIND_BOOL, KIND_INT, KIND_NULL, KIND_OTHER, KIND_STRING,
+        MAX_FLATTEN_DEPTH,
+    };
+
+    /// serde_json's arbitrary_precision hands numbers to visitors as a one-entry map under this key.
+    const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+
+    /// The whole `data` document: only an object has leaves.
+    pub(super) struct Document<'a> {
+        pub inference: &'a mut ColumnInference,
+        pub name: &'a mut String,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Document<'_> {
+        type Value = ();
+
+        fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+            de.deserialize_any(Node { inference: self.inference, name: self.name, depth: 0, top: true })
+        }
+    }
+
+    /// A value at `name`, inside `depth` objects. `top` is the document itself.
+    struct Node<'a> {
+        inference: &'a mut ColumnInference,
+        name: &'a mut String,
+        depth: usize,
+        top: bool,
+    }
+
+    impl Node<'_> {
+        fn leaf(self, kind: u8) {
+            if !self.top {
+                self.inference.record(self.name, kind);
+            }
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Node<'_> {
+        type Value = ();
+
+        fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+            de.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Node<'_> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_unit<E>(self) -> Result<(), E> {
+            self.leaf(KIND_NULL);
+            Ok(())
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            self.leaf(KIND_BOOL);
+            Ok(())
+        }
+
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            self.leaf(KIND_INT);
+            Ok(())
+        }
+
+        fn visit_u64<E>(self, n: u64) -> Result<(), E> {
+            self.leaf(number_kind(&serde_json::Number::from(n)));
+            Ok(())
+        }
+
+        fn visit_f64<E>(self, n: f64) -> Result<(), E> {
+            let kind = serde_json::Number::from_f64(n).map_or(KIND_OTHER, |n| number_kind(&n));
+            self.leaf(kind);
+            Ok(())
+        }
+
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            self.leaf(KIND_STRING);
+            Ok(())
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            self.leaf(KIND_OTHER);
+            Ok(())
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let too_deep = !self.top && self.depth >= MAX_FLATTEN_DEPTH;
+            let Some(first) = map.next_key_seed(Key)? else {
+                // An empty object has no leaves, unless it is past the depth limit: then it is one.
+                if too_deep {
+                    self.leaf(KIND_OTHER);
+                }
+                return Ok(());
+            };
+            if first == NUMBER_TOKEN {
+                let text: String = map.next_value()?;
+                let kind = text.parse::<serde_json::Number>().map_or(KIND_OTHER, |n| number_kind(&n));
+                self.leaf(kind);
+                return Ok(());
+            }
+            if too_deep {
+                map.next_value::<IgnoredAny>()?;
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                self.leaf(KIND_OTHER);
+                return Ok(());
+            }
+            let depth = if self.top { 0 } else { self.depth + 1 };
+            let mut key = first;
+            loop {
+                let len = self.name.len();
+                if depth > 0 {
+                    self.name.push('.');
+                }
+                self.name.push_str(&key);
+                map.next_value_seed(Node { inference: self.inference, name: self.name, depth, top: false })?;
+                self.name.truncate(len);
+                match map.next_key_seed(Key)? {
+                    Some(next) => key = next,
+                    None => return Ok(()),
+                }
+            }
+        }
+    }
+
+    /// An object key, borrowed from the text when it has no escapes.
+    struct Key;
+
+    impl<'de> DeserializeSeed<'de> for Key {
+        type Value = std::borrow::Cow<'de, str>;
+
+        fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+            de.deserialize_str(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Key {
+        type Value = std::borrow::Cow<'de, str>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object key")
+        }
+
+        fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+            Ok(std::borrow::Cow::Borrowed(s))
+        }
+
+        fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+            Ok(std::borrow::Cow::Owned(s.to_owned()))
+        }
     }
 }
 
