@@ -4,9 +4,11 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
+use deadpool_postgres::Transaction;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use tokio_postgres::types::Json;
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{Json, Type};
 use tokio_postgres::Row;
 
 use crate::domain::sync::{PushResult, StoredRecord};
@@ -288,7 +290,7 @@ impl<'a> RevisionBatch<'a> {
 /// `record_revisions` (copied inside the database), in-batch revisions that a later one replaces go
 /// there too, and each record's last revision becomes its current state.
 pub async fn write_revisions(
-    db: &impl GenericClient,
+    db: &Transaction<'_>,
     b: &RevisionBatch<'_>,
     superseded_in_batch: &[usize],
     overwritten_ids: &[&str],
@@ -324,7 +326,7 @@ pub async fn write_revisions(
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
         (0..b.change_id.len()).filter(|&i| !superseded[i]).partition(|&i| stored.contains(b.record_id[i]));
     if !inserts.is_empty() {
-        insert_current_rows(db, &b.select(&inserts), synced_at).await?;
+        copy_current_rows(db, &b.select(&inserts), synced_at).await?;
     }
     if !updates.is_empty() {
         update_current_rows(db, &b.select(&updates), synced_at).await?;
@@ -332,43 +334,72 @@ pub async fn write_revisions(
     Ok(())
 }
 
-async fn insert_current_rows(
-    db: &impl GenericClient,
+/// New records go in through binary COPY: no parameter arrays to build and unnest, and the rows
+/// stream to the server in small messages instead of one statement of many megabytes.
+async fn copy_current_rows(
+    tx: &Transaction<'_>,
     b: &RevisionBatch<'_>,
     synced_at: DateTime<Utc>,
 ) -> ApiResult<()> {
-    db.execute(
-        "INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-             geolocation, author, device_id, tags, change_id, created_by, client_id, transmission_id, pushed_by,
-             overwrote_version, conflict)
-         SELECT r, ft, fv, d, del, ca, ua, $13, g, au, dv, tg, c, cb, cl, tr, pb, ov, cf
-         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
-                     $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
-                     $14::text[], $15::text[], $16::text[], $17::text[], $18::bigint[], $19::bool[])
-              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cb, cl, tr, pb, ov, cf)",
+    let sink = tx
+        .copy_in(
+            "COPY records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
+                 geolocation, author, device_id, tags, change_id, created_by, client_id, transmission_id,
+                 pushed_by, overwrote_version, conflict) FROM STDIN (FORMAT binary)",
+        )
+        .await?;
+    let writer = BinaryCopyInWriter::new(
+        sink,
         &[
-            &b.change_id,
-            &b.record_id,
-            &b.form_type,
-            &b.form_version,
-            &b.data,
-            &b.deleted,
-            &b.created_at,
-            &b.updated_at,
-            &b.geolocation,
-            &b.author,
-            &b.device_id,
-            &b.tags,
-            &synced_at,
-            &b.created_by,
-            &b.client_id,
-            &b.transmission_id,
-            &b.pushed_by,
-            &b.overwrote_version,
-            &b.conflict,
+            Type::TEXT,
+            Type::TEXT,
+            Type::TEXT,
+            Type::JSON,
+            Type::BOOL,
+            Type::TIMESTAMPTZ,
+            Type::TIMESTAMPTZ,
+            Type::TIMESTAMPTZ,
+            Type::JSON,
+            Type::TEXT,
+            Type::TEXT,
+            Type::JSON,
+            Type::INT8,
+            Type::TEXT,
+            Type::TEXT,
+            Type::TEXT,
+            Type::TEXT,
+            Type::INT8,
+            Type::BOOL,
         ],
-    )
-    .await?;
+    );
+    let mut writer = std::pin::pin!(writer);
+    for i in 0..b.change_id.len() {
+        writer
+            .as_mut()
+            .write(&[
+                &b.record_id[i],
+                &b.form_type[i],
+                &b.form_version[i],
+                &b.data[i],
+                &b.deleted[i],
+                &b.created_at[i],
+                &b.updated_at[i],
+                &synced_at,
+                &b.geolocation[i],
+                &b.author[i],
+                &b.device_id[i],
+                &b.tags[i],
+                &b.change_id[i],
+                &b.created_by[i],
+                &b.client_id[i],
+                &b.transmission_id[i],
+                &b.pushed_by[i],
+                &b.overwrote_version[i],
+                &b.conflict[i],
+            ])
+            .await?;
+    }
+    writer.finish().await?;
     Ok(())
 }
 
