@@ -33,10 +33,39 @@ pub fn cluster() -> &'static EmbeddedPostgres {
         let lock_path = cluster_dir().with_extension("lock");
         let lock = std::fs::File::create(&lock_path).expect("lock file");
         fs2::FileExt::lock_exclusive(&lock).expect("lock cluster");
-        pg.start().expect("start test cluster");
+        if pg.start().expect("start test cluster") {
+            // Databases of earlier runs are dead weight (gigabytes after a few dozen runs); only
+            // the process that starts the cluster may drop them, as nobody else can be using them.
+            drop_leftover_databases(&pg.connection_string("postgres"));
+        }
         drop(lock);
         pg
     })
+}
+
+fn drop_leftover_databases(conn: &str) {
+    let conn = conn.to_string();
+    // `cluster()` runs inside a test's runtime, which cannot block on another future itself.
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            let (client, connection) =
+                tokio_postgres::connect(&conn, tokio_postgres::NoTls).await.expect("connect to test cluster");
+            let driver = tokio::spawn(connection);
+            let rows = client
+                .query("SELECT datname FROM pg_database WHERE datname LIKE 't\\_%'", &[])
+                .await
+                .expect("list test databases");
+            for row in rows {
+                let name: String = row.get(0);
+                let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await;
+            }
+            drop(client);
+            let _ = driver.await;
+        });
+    })
+    .join()
+    .expect("dropping leftover test databases");
 }
 
 /// A fresh, empty database in the shared cluster; the server migrates it at start.
