@@ -8,7 +8,7 @@ use deadpool_postgres::Transaction;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
-use tokio_postgres::types::{Json, Type};
+use tokio_postgres::types::{Json, ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::domain::sync::{PushResult, StoredRecord};
@@ -231,7 +231,38 @@ pub struct RevisionBatch<'a> {
     pub conflict: Vec<bool>,
 }
 
+/// A batch's revision columns as rows `u(...)`, from the parameters of `revision_params`.
+const REVISION_UNNEST: &str =
+    "unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
+         $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
+         $13::text[], $14::text[], $15::text[], $16::bigint[], $17::bool[])
+     AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cl, tr, pb, ov, cf)";
+
 impl<'a> RevisionBatch<'a> {
+    /// `$1..$17` for `REVISION_UNNEST`, then `$18` the commit time.
+    fn revision_params<'s>(&'s self, synced_at: &'s DateTime<Utc>) -> [&'s (dyn ToSql + Sync); 18] {
+        [
+            &self.change_id,
+            &self.record_id,
+            &self.form_type,
+            &self.form_version,
+            &self.data,
+            &self.deleted,
+            &self.created_at,
+            &self.updated_at,
+            &self.geolocation,
+            &self.author,
+            &self.device_id,
+            &self.tags,
+            &self.client_id,
+            &self.transmission_id,
+            &self.pushed_by,
+            &self.overwrote_version,
+            &self.conflict,
+            synced_at,
+        ]
+    }
+
     pub fn with_capacity(n: usize) -> Self {
         RevisionBatch {
             change_id: Vec::with_capacity(n),
@@ -409,39 +440,16 @@ async fn update_current_rows(
     b: &RevisionBatch<'_>,
     synced_at: DateTime<Utc>,
 ) -> ApiResult<()> {
-    db.execute(
+    let sql = format!(
         "UPDATE records SET
              form_type = u.ft, form_version = u.fv, data = u.d, deleted = u.del, created_at = u.ca,
-             updated_at = u.ua, synced_at = $13, geolocation = u.g, author = u.au, device_id = u.dv, tags = u.tg,
+             updated_at = u.ua, synced_at = $18, geolocation = u.g, author = u.au, device_id = u.dv, tags = u.tg,
              change_id = u.c, client_id = u.cl, transmission_id = u.tr, pushed_by = u.pb,
              overwrote_version = u.ov, conflict = u.cf
-         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
-                     $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
-                     $14::text[], $15::text[], $16::text[], $17::bigint[], $18::bool[])
-              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cl, tr, pb, ov, cf)
-         WHERE records.id = u.r",
-        &[
-            &b.change_id,
-            &b.record_id,
-            &b.form_type,
-            &b.form_version,
-            &b.data,
-            &b.deleted,
-            &b.created_at,
-            &b.updated_at,
-            &b.geolocation,
-            &b.author,
-            &b.device_id,
-            &b.tags,
-            &synced_at,
-            &b.client_id,
-            &b.transmission_id,
-            &b.pushed_by,
-            &b.overwrote_version,
-            &b.conflict,
-        ],
-    )
-    .await?;
+         FROM {REVISION_UNNEST}
+         WHERE records.id = u.r"
+    );
+    db.execute(&sql, &b.revision_params(&synced_at)).await?;
     Ok(())
 }
 
@@ -450,37 +458,14 @@ async fn insert_revision_rows(
     b: &RevisionBatch<'_>,
     synced_at: DateTime<Utc>,
 ) -> ApiResult<()> {
-    db.execute(
+    let sql = format!(
         "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
              updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
              overwrote_version, conflict)
          SELECT c, r, ft, fv, d, del, ca, ua, $18, g, au, dv, tg, cl, tr, pb, ov, cf
-         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
-                     $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
-                     $13::text[], $14::text[], $15::text[], $16::bigint[], $17::bool[])
-              AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cl, tr, pb, ov, cf)",
-        &[
-            &b.change_id,
-            &b.record_id,
-            &b.form_type,
-            &b.form_version,
-            &b.data,
-            &b.deleted,
-            &b.created_at,
-            &b.updated_at,
-            &b.geolocation,
-            &b.author,
-            &b.device_id,
-            &b.tags,
-            &b.client_id,
-            &b.transmission_id,
-            &b.pushed_by,
-            &b.overwrote_version,
-            &b.conflict,
-            &synced_at,
-        ],
-    )
-    .await?;
+         FROM {REVISION_UNNEST}"
+    );
+    db.execute(&sql, &b.revision_params(&synced_at)).await?;
     Ok(())
 }
 
