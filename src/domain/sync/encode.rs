@@ -12,44 +12,53 @@ fn ts(t: Option<chrono::DateTime<chrono::Utc>>) -> Option<String> {
     t.map(format)
 }
 
-/// The synkronus Observation (8.7). Borrowed, with raw JSON: serialising it copies the stored
-/// text and parses nothing.
-#[derive(Serialize)]
-struct SynkronusRecord<'a> {
-    observation_id: &'a str,
-    form_type: &'a str,
-    form_version: &'a str,
-    data: &'a RawValue,
-    created_at: Option<String>,
-    updated_at: Option<String>,
-    synced_at: String,
-    deleted: bool,
-    geolocation: Option<&'a RawValue>,
-    version: i64,
-    author: Option<&'a str>,
-    device_id: Option<&'a str>,
-    tags: Option<&'a RawValue>,
+/// The Observation (8.7) with the given key style: the synkronus dialect's snake_case, or camel.
+/// Borrowed, with raw JSON: serialising it copies the stored text and parses nothing. One
+/// definition for both styles, so the two dialects cannot drift apart.
+macro_rules! observation_record {
+    ($name:ident $(, #[$style:meta])?) => {
+        #[derive(Serialize)]
+        $(#[$style])?
+        struct $name<'a> {
+            observation_id: &'a str,
+            form_type: &'a str,
+            form_version: &'a str,
+            data: &'a RawValue,
+            created_at: Option<String>,
+            updated_at: Option<String>,
+            synced_at: String,
+            deleted: bool,
+            geolocation: Option<&'a RawValue>,
+            version: i64,
+            author: Option<&'a str>,
+            device_id: Option<&'a str>,
+            tags: Option<&'a RawValue>,
+        }
+
+        impl<'a> $name<'a> {
+            fn of(r: &'a StoredRecord) -> Self {
+                $name {
+                    observation_id: &r.id,
+                    form_type: &r.form_type,
+                    form_version: &r.form_version,
+                    data: &r.data,
+                    created_at: ts(r.created_at),
+                    updated_at: ts(r.updated_at),
+                    synced_at: format(r.synced_at),
+                    deleted: r.deleted,
+                    geolocation: r.geolocation.as_deref(),
+                    version: r.change_id,
+                    author: r.author.as_deref(),
+                    device_id: r.device_id.as_deref(),
+                    tags: r.tags.as_deref(),
+                }
+            }
+        }
+    };
 }
 
-impl<'a> SynkronusRecord<'a> {
-    fn of(r: &'a StoredRecord) -> Self {
-        SynkronusRecord {
-            observation_id: &r.id,
-            form_type: &r.form_type,
-            form_version: &r.form_version,
-            data: &r.data,
-            created_at: ts(r.created_at),
-            updated_at: ts(r.updated_at),
-            synced_at: format(r.synced_at),
-            deleted: r.deleted,
-            geolocation: r.geolocation.as_deref(),
-            version: r.change_id,
-            author: r.author.as_deref(),
-            device_id: r.device_id.as_deref(),
-            tags: r.tags.as_deref(),
-        }
-    }
-}
+observation_record!(SynkronusRecord);
+observation_record!(CamelRecord, #[serde(rename_all = "camelCase")]);
 
 #[derive(Serialize)]
 struct SpecRecord<'a> {
@@ -60,24 +69,6 @@ struct SpecRecord<'a> {
     change_id: i64,
     last_modified: String,
     deleted: bool,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct CamelRecord<'a> {
-    observation_id: &'a str,
-    form_type: &'a str,
-    form_version: &'a str,
-    data: &'a RawValue,
-    created_at: Option<String>,
-    updated_at: Option<String>,
-    synced_at: String,
-    deleted: bool,
-    geolocation: Option<&'a RawValue>,
-    version: i64,
-    author: Option<&'a str>,
-    device_id: Option<&'a str>,
-    tags: Option<&'a RawValue>,
 }
 
 /// The synkronus Observation as a JSON object, for the non-hot read paths that add fields.
@@ -163,27 +154,7 @@ pub fn pull_response(dialect: Dialect, page: &PullPage) -> serde_json::Result<Ve
             repository_generation: page.repository_generation,
         }),
         Dialect::Camel => serde_json::to_vec(&CamelPull {
-            changes: CamelChanges {
-                observations: page
-                    .records
-                    .iter()
-                    .map(|r| CamelRecord {
-                        observation_id: &r.id,
-                        form_type: &r.form_type,
-                        form_version: &r.form_version,
-                        data: &r.data,
-                        created_at: ts(r.created_at),
-                        updated_at: ts(r.updated_at),
-                        synced_at: format(r.synced_at),
-                        deleted: r.deleted,
-                        geolocation: r.geolocation.as_deref(),
-                        version: r.change_id,
-                        author: r.author.as_deref(),
-                        device_id: r.device_id.as_deref(),
-                        tags: r.tags.as_deref(),
-                    })
-                    .collect(),
-            },
+            changes: CamelChanges { observations: page.records.iter().map(CamelRecord::of).collect() },
             timestamp: page.resume_after(),
             has_more: page.has_more,
             change_cutoff: cutoff,
