@@ -73,12 +73,13 @@ impl Default for Stats {
 }
 
 impl Stats {
+    // Constant, valid bounds: the expect can only fail on a programming error, at start-up.
+    #[allow(clippy::expect_used)]
     pub fn new() -> Self {
         Stats {
             inner: Mutex::new(Inner::default()),
             // 1 µs to 1 h at 3 significant digits: covers a loopback ping and a million-row
-            // export. Constant, valid bounds: this can only fail on a programming error, at
-            // start-up.
+            // export.
             template: Histogram::new_with_bounds(1, 3_600_000_000, 3)
                 .expect("constant histogram bounds are valid"),
             started: Instant::now(),

@@ -1,4 +1,6 @@
 //! Black-box tests: the real server on a random port against a real PostgreSQL.
+// All of this crate is test code, where a failed expectation should stop the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod helpers;
 
 mod attachments;
