@@ -90,7 +90,7 @@ async fn user_command(
             }
             let hash = auth.hash_password(password).await.map_err(err)?;
             let db = pool.get().await?;
-            users::insert(&db, &username, email.as_deref(), &hash, role).await.map_err(err)?;
+            users::insert(&db, &username, email.as_deref(), &hash, role).await?;
             println!("created user '{username}' ({role})");
         }
         UserCommand::ResetPassword { username, password } => {
@@ -99,11 +99,10 @@ async fn user_command(
             }
             let mut db = pool.get().await?;
             let user = users::find_by_username(&db, &username)
-                .await
-                .map_err(err)?
+                .await?
                 .ok_or_else(|| anyhow::anyhow!("no user named '{username}'"))?;
             let hash = auth.hash_password(password).await.map_err(err)?;
-            users::set_password(&mut db, user.id, &hash).await.map_err(err)?;
+            users::set_password(&mut db, user.id, &hash).await?;
             println!("password of '{username}' reset; their tokens are revoked");
         }
     }

@@ -1,10 +1,16 @@
 //! The one error table: every failure the API can report maps to an HTTP status and a stable code
-//! here (API.md section 4), and every error body is built by `ApiError::error_response`.
+//! here (API.md section 4), and every error body is built by `ApiError::error_response`. The
+//! layers below have their own errors (`DbError`, the domain's parse errors); they become an
+//! `ApiError` here, at the HTTP and actor boundaries, through the `From` impls at the end.
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
-use serde::Serialize;
 use serde_json::{Map, Value};
+
+use crate::db::{BoxError, Conflict, DbError};
+use crate::domain::attachment::InvalidId;
+pub use crate::domain::problem::ItemProblem;
+use crate::domain::sync::decode::{DecodeError, DecodeErrorKind};
 
 /// Stable error codes, each with its HTTP status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,29 +152,14 @@ impl ErrorCode {
     }
 }
 
-/// One item problem inside an error body.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ItemProblem {
-    #[serde(rename = "recordId", skip_serializing_if = "Option::is_none")]
-    pub record_id: Option<String>,
-    pub path: String,
-    pub code: String,
-    pub message: String,
-}
-
-impl ItemProblem {
-    pub fn new(path: impl Into<String>, code: impl Into<String>, message: impl Into<String>) -> Self {
-        ItemProblem { record_id: None, path: path.into(), code: code.into(), message: message.into() }
-    }
-}
-
 /// The error every handler returns. Internal causes are logged, never shown.
 #[derive(Debug)]
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
-    /// Logged at error level when the response is built; never sent.
-    pub cause: Option<String>,
+    /// What caused it, chain included: logged at error level when the response is built for a
+    /// 5xx, never sent.
+    source: Option<BoxError>,
     /// Boxed so that `Result<T, ApiError>` stays small on every happy path.
     details: Box<Details>,
 }
@@ -184,7 +175,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { code, message: message.into(), cause: None, details: Box::default() }
+        ApiError { code, message: message.into(), source: None, details: Box::default() }
     }
 
     pub fn of(code: ErrorCode) -> Self {
@@ -204,17 +195,30 @@ impl ApiError {
     }
 
     /// An unexpected failure: the cause goes to the log, the client sees a generic 500.
-    pub fn internal(cause: impl std::fmt::Display) -> Self {
-        let mut e = Self::of(ErrorCode::Internal);
-        e.cause = Some(cause.to_string());
-        e
+    pub fn internal(cause: impl Into<BoxError>) -> Self {
+        Self::of(ErrorCode::Internal).caused_by(cause)
     }
 
     /// The database is unreachable: 503 with Retry-After so clients back off and retry.
-    pub fn unavailable(cause: impl std::fmt::Display) -> Self {
-        let mut e = Self::of(ErrorCode::ServiceUnavailable);
-        e.cause = Some(cause.to_string());
-        e.with_header(header::RETRY_AFTER, "5")
+    pub fn unavailable(cause: impl Into<BoxError>) -> Self {
+        Self::of(ErrorCode::ServiceUnavailable).caused_by(cause).with_header(header::RETRY_AFTER, "5")
+    }
+
+    /// Keeps `cause` as this error's `source()`.
+    pub fn caused_by(mut self, cause: impl Into<BoxError>) -> Self {
+        self.source = Some(cause.into());
+        self
+    }
+
+    /// The causes below this error, outermost first, as one log-friendly line ("" when none).
+    pub fn cause_chain(&self) -> String {
+        let mut parts = Vec::new();
+        let mut next = std::error::Error::source(self);
+        while let Some(e) = next {
+            parts.push(e.to_string());
+            next = e.source();
+        }
+        parts.join(": ")
     }
 
     pub fn rate_limited(retry_after_secs: u64) -> Self {
@@ -256,6 +260,35 @@ impl std::fmt::Display for ApiError {
     }
 }
 
+impl std::error::Error for ApiError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// One failure reported to several callers (the pushes of a failed group commit): each caller's
+/// error keeps the one original, chain included, as its source.
+#[derive(Debug, Clone)]
+pub struct SharedError(std::sync::Arc<ApiError>);
+
+impl SharedError {
+    pub fn new(e: ApiError) -> Self {
+        SharedError(std::sync::Arc::new(e))
+    }
+}
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&*self.0)
+    }
+}
+
 /// At most this many item problems are sent; `detail` states the total.
 const MAX_ITEM_PROBLEMS: usize = 100;
 
@@ -266,10 +299,10 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let status = self.code.status();
-        let request_id = crate::http::request_id::current();
+        let request_id = crate::telemetry::request_id::current();
         if status.is_server_error() {
             tracing::error!(request_id = %request_id, code = self.code.as_str(),
-                cause = self.cause.as_deref().unwrap_or(""), "request failed");
+                cause = %self.cause_chain(), "request failed");
         }
         let mut body = Map::new();
         let code = Value::from(self.code.as_str());
@@ -307,30 +340,47 @@ impl ResponseError for ApiError {
     }
 }
 
-impl From<tokio_postgres::Error> for ApiError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        if crate::db::is_connection_error(&e) {
-            ApiError::unavailable(e)
-        } else if e.code().is_some_and(|c| c.code().starts_with("22")) {
-            // Class 22 (data exception) comes from values the client sent, such as a NUL
-            // character, which PostgreSQL text and jsonb cannot hold.
-            let mut err = ApiError::bad_request(
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Unavailable(_) => ApiError::unavailable(e),
+            DbError::DataException(_) => ApiError::bad_request(
                 "The request contains a value the database cannot store (for example a NUL character)",
-            );
-            err.cause = Some(e.to_string());
-            err
-        } else {
-            ApiError::internal(e)
+            )
+            .caused_by(e),
+            DbError::Conflict(Conflict::LastAdmin) => ApiError::of(ErrorCode::LastAdmin),
+            DbError::Conflict(conflict) => ApiError::new(ErrorCode::Conflict, conflict.to_string()),
+            DbError::Other(_) => ApiError::internal(e),
         }
     }
 }
 
+impl From<DecodeError> for ApiError {
+    fn from(e: DecodeError) -> Self {
+        let code = match e.kind {
+            DecodeErrorKind::BadRequest => ErrorCode::BadRequest,
+            DecodeErrorKind::ValidationFailed => ErrorCode::ValidationFailed,
+            DecodeErrorKind::InvalidPageToken => ErrorCode::InvalidPageToken,
+        };
+        ApiError::new(code, e.message).with_errors(e.problems)
+    }
+}
+
+impl From<InvalidId> for ApiError {
+    fn from(e: InvalidId) -> Self {
+        ApiError::bad_request(e.to_string())
+    }
+}
+
+impl From<tokio_postgres::Error> for ApiError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        DbError::from(e).into()
+    }
+}
+
 impl From<deadpool_postgres::PoolError> for ApiError {
-    /// Every pool failure means no connection could be had: deadpool reports `Backend` only when
-    /// creating one fails, whatever the server said (for example "database is not currently
-    /// accepting connections", SQLSTATE 55000, which is not a connection-class code).
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        ApiError::unavailable(e)
+        DbError::from(e).into()
     }
 }
 

@@ -10,8 +10,8 @@ use jsonschema::Validator;
 use serde_json::{json, Value};
 
 use crate::db::formspecs;
+use crate::db::DbResult;
 use crate::domain::sync::IncomingRecord;
-use crate::error::ApiResult;
 
 const CACHE_TTL: Duration = Duration::from_secs(5);
 /// At most this many schema errors are reported per record.
@@ -39,7 +39,7 @@ impl SchemaCache {
         pool: &deadpool_postgres::Pool,
         form_type: &str,
         form_version: &str,
-    ) -> ApiResult<Option<Arc<Validator>>> {
+    ) -> DbResult<Option<Arc<Validator>>> {
         let key = (form_type.to_string(), form_version.to_string());
         if let Some(hit) = self.entries.get(&key) {
             if hit.1.elapsed() < CACHE_TTL {
@@ -62,7 +62,7 @@ impl SchemaCache {
         &self,
         pool: &deadpool_postgres::Pool,
         records: &[IncomingRecord],
-    ) -> ApiResult<Vec<SchemaFailure>> {
+    ) -> DbResult<Vec<SchemaFailure>> {
         let mut failures = Vec::new();
         for (index, record) in records.iter().enumerate() {
             let Some(data) = record.data.as_ref().filter(|_| !record.deleted && !record.form_type.is_empty())

@@ -187,26 +187,25 @@ async fn bootstrap_admin(
     auth: &AuthService,
 ) -> anyhow::Result<()> {
     let db = pool.get().await?;
-    let users = db::users::count(&db).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let users = db::users::count(&db).await?;
     let mut created = false;
     if users == 0 {
-        let hash =
-            auth.hash_password(config.admin_password.clone()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let hash = auth.hash_password(config.admin_password.clone()).await?;
         match db::users::insert(&db, &config.admin_username, None, &hash, Role::Admin).await {
             Ok(_) => {
                 created = true;
                 tracing::info!(username = %config.admin_username, "created the initial admin")
             }
             // Another process bootstrapped at the same moment.
-            Err(e) if e.code == crate::error::ErrorCode::Conflict => {}
-            Err(e) => anyhow::bail!("cannot create the initial admin: {e}"),
+            Err(db::DbError::Conflict(db::Conflict::UsernameTaken(_))) => {}
+            Err(e) => return Err(anyhow::Error::new(e).context("cannot create the initial admin")),
         }
     }
     // Just created, the only user has the configured password: no need for a bcrypt run to know.
     let default_works = if created {
         config.uses_default_admin_password()
     } else {
-        match db::users::find_by_username(&db, "admin").await.map_err(|e| anyhow::anyhow!("{e}"))? {
+        match db::users::find_by_username(&db, "admin").await? {
             Some(admin) => {
                 auth.verify_password("admin".into(), Some(admin.password_hash)).await.unwrap_or(false)
             }

@@ -1,4 +1,7 @@
-//! Logging: LOG_LEVEL and LOG_FORMAT (text or one JSON object per line).
+//! Logging: LOG_LEVEL and LOG_FORMAT (text or one JSON object per line), and the request id every
+//! log line and error body of a request carries.
+
+pub mod request_id;
 
 use tracing_subscriber::EnvFilter;
 

@@ -14,7 +14,7 @@ use tokio_postgres::types::Json;
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
 use crate::db::records::{self, Head, RevisionBatch, CHANGELOG_LOCK};
 use crate::domain::sync::{empty_object, IncomingRecord, PushResult, Warning};
-use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::error::{ApiError, ApiResult, ErrorCode, SharedError};
 
 /// Bounds on one group commit: enough to amortise the transaction, small enough to keep latency
 /// flat. The byte bound also keeps every statement far below PostgreSQL's 1 GB message limit
@@ -247,7 +247,7 @@ async fn commit_and_reply(pool: Pool, batch: Vec<Pending>) {
             }
         }
         Err(e) if batch.len() > 1 && e.code != ErrorCode::ServiceUnavailable => {
-            tracing::warn!(error = %e, cause = e.cause.as_deref().unwrap_or(""), pushes = batch.len(),
+            tracing::warn!(error = %e, cause = %e.cause_chain(), pushes = batch.len(),
                 "group commit failed; committing its pushes one by one");
             for pending in batch {
                 let outcome = match commit(&pool, &[&pending.push]).await {
@@ -260,11 +260,14 @@ async fn commit_and_reply(pool: Pool, batch: Vec<Pending>) {
             }
         }
         Err(e) => {
+            // One failure answers every push of the batch, each answer with the whole chain.
+            let unavailable = e.code == ErrorCode::ServiceUnavailable;
+            let cause = SharedError::new(e);
             for pending in batch {
-                let copy = if e.code == ErrorCode::ServiceUnavailable {
-                    ApiError::unavailable(e.cause.as_deref().unwrap_or("database unavailable"))
+                let copy = if unavailable {
+                    ApiError::unavailable(cause.clone())
                 } else {
-                    ApiError::internal(e.cause.as_deref().unwrap_or("commit failed"))
+                    ApiError::internal(cause.clone())
                 };
                 let _ = pending.reply.send(Err(copy));
             }

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
-use crate::error::ApiResult;
+use crate::db::DbResult;
 
 #[derive(Debug, Clone)]
 pub struct AttachmentRow {
@@ -33,7 +33,7 @@ fn from_row(r: &Row) -> AttachmentRow {
     }
 }
 
-pub async fn find(db: &impl GenericClient, id: &str) -> ApiResult<Option<AttachmentRow>> {
+pub async fn find(db: &impl GenericClient, id: &str) -> DbResult<Option<AttachmentRow>> {
     let sql = format!("SELECT {COLUMNS} FROM attachments WHERE id = $1");
     Ok(db.query_opt(&sql, &[&id]).await?.map(|r| from_row(&r)))
 }
@@ -49,7 +49,7 @@ pub struct NewAttachment {
     pub client_id: Option<String>,
 }
 
-pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) -> ApiResult<AttachmentRow> {
+pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) -> DbResult<AttachmentRow> {
     let sql = format!(
         "INSERT INTO attachments (id, sha256, size, content_type, uploaded_by, client_id, change_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {COLUMNS}"
@@ -64,7 +64,7 @@ pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) 
 }
 
 /// Attachments recorded after a cursor, up to the snapshot head, with that head (one statement).
-pub async fn changes_after(db: &impl GenericClient, after: i64) -> ApiResult<(i64, Vec<AttachmentRow>)> {
+pub async fn changes_after(db: &impl GenericClient, after: i64) -> DbResult<(i64, Vec<AttachmentRow>)> {
     changes_where(db, "change_id > $1", &after).await
 }
 
@@ -72,7 +72,7 @@ pub async fn changes_after(db: &impl GenericClient, after: i64) -> ApiResult<(i6
 pub async fn changes_since(
     db: &impl GenericClient,
     since: DateTime<Utc>,
-) -> ApiResult<(i64, Vec<AttachmentRow>)> {
+) -> DbResult<(i64, Vec<AttachmentRow>)> {
     changes_where(db, "created_at > $1", &since).await
 }
 
@@ -80,7 +80,7 @@ async fn changes_where(
     db: &impl GenericClient,
     condition: &str,
     param: &(dyn tokio_postgres::types::ToSql + Sync),
-) -> ApiResult<(i64, Vec<AttachmentRow>)> {
+) -> DbResult<(i64, Vec<AttachmentRow>)> {
     let sql = format!(
         "WITH h AS (SELECT head FROM change_head)
          SELECT h.head, a.* FROM h LEFT JOIN LATERAL (

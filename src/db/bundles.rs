@@ -9,7 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Connection};
 
-use crate::error::ApiResult;
+use crate::db::DbResult;
 
 /// The NOTIFY channel announcing a change of the active pointer.
 pub const SWITCH_CHANNEL: &str = "synkronus_bundle_active";
@@ -37,13 +37,13 @@ fn version_from_row(row: &tokio_postgres::Row) -> VersionRow {
 }
 
 /// Takes the bundle lock until the end of the surrounding transaction.
-pub async fn lock(db: &impl GenericClient) -> ApiResult<()> {
+pub async fn lock(db: &impl GenericClient) -> DbResult<()> {
     db.execute("SELECT pg_advisory_xact_lock($1)", &[&BUNDLE_LOCK_KEY]).await?;
     Ok(())
 }
 
 /// Whether an id was ever assigned, including to versions that retention removed.
-pub async fn id_used(db: &impl GenericClient, version: &str) -> ApiResult<bool> {
+pub async fn id_used(db: &impl GenericClient, version: &str) -> DbResult<bool> {
     Ok(db.query_opt("SELECT 1 FROM bundle_versions WHERE version = $1", &[&version]).await?.is_some())
 }
 
@@ -54,7 +54,7 @@ pub async fn insert(
     entry_point: &str,
     created_at: DateTime<Utc>,
     manifest: &Value,
-) -> ApiResult<()> {
+) -> DbResult<()> {
     db.execute(
         "INSERT INTO bundle_versions (version, name, entry_point, created_at, manifest)
          VALUES ($1, $2, $3, $4, $5)",
@@ -65,13 +65,13 @@ pub async fn insert(
 }
 
 /// A version that still exists (not removed by retention).
-pub async fn find(db: &impl GenericClient, version: &str) -> ApiResult<Option<VersionRow>> {
+pub async fn find(db: &impl GenericClient, version: &str) -> DbResult<Option<VersionRow>> {
     let sql = format!("SELECT {COLUMNS} FROM bundle_versions WHERE version = $1 AND removed_at IS NULL");
     Ok(db.query_opt(&sql, &[&version]).await?.map(|row| version_from_row(&row)))
 }
 
 /// The most recently uploaded version that still exists.
-pub async fn newest(db: &impl GenericClient) -> ApiResult<Option<VersionRow>> {
+pub async fn newest(db: &impl GenericClient) -> DbResult<Option<VersionRow>> {
     let sql =
         format!("SELECT {COLUMNS} FROM bundle_versions WHERE removed_at IS NULL ORDER BY seq DESC LIMIT 1");
     Ok(db.query_opt(&sql, &[]).await?.map(|row| version_from_row(&row)))
@@ -87,7 +87,7 @@ pub struct VersionSummary {
 }
 
 /// Existing versions, newest (most recently uploaded) first.
-pub async fn list(db: &impl GenericClient) -> ApiResult<Vec<VersionSummary>> {
+pub async fn list(db: &impl GenericClient) -> DbResult<Vec<VersionSummary>> {
     let rows = db
         .query(
             "SELECT v.version, v.name, v.created_at, (v.version = a.version) IS TRUE AS active
@@ -108,14 +108,14 @@ pub async fn list(db: &impl GenericClient) -> ApiResult<Vec<VersionSummary>> {
 }
 
 /// The active version (if any) and the pointer's generation.
-pub async fn active(db: &impl GenericClient) -> ApiResult<(Option<String>, i64)> {
+pub async fn active(db: &impl GenericClient) -> DbResult<(Option<String>, i64)> {
     let row = db.query_one("SELECT version, generation FROM bundle_active", &[]).await?;
     Ok((row.get(0), row.get(1)))
 }
 
 /// Points at `version` and announces it to every process once the transaction commits.
 /// Returns the new generation.
-pub async fn set_active(db: &impl GenericClient, version: &str) -> ApiResult<i64> {
+pub async fn set_active(db: &impl GenericClient, version: &str) -> DbResult<i64> {
     let row = db
         .query_one(
             "UPDATE bundle_active SET version = $1, generation = generation + 1 RETURNING generation",
@@ -133,7 +133,7 @@ pub async fn retention_victims(
     db: &impl GenericClient,
     keep: usize,
     just_uploaded: &str,
-) -> ApiResult<Vec<String>> {
+) -> DbResult<Vec<String>> {
     let rows = db
         .query(
             "SELECT v.version, (v.version = a.version) IS TRUE AS active
@@ -159,7 +159,7 @@ pub async fn retention_victims(
 }
 
 /// Marks versions removed; their ids stay taken forever.
-pub async fn mark_removed(db: &impl GenericClient, versions: &[String]) -> ApiResult<()> {
+pub async fn mark_removed(db: &impl GenericClient, versions: &[String]) -> DbResult<()> {
     db.execute(
         "UPDATE bundle_versions SET removed_at = now() WHERE version = ANY($1) AND removed_at IS NULL",
         &[&versions],

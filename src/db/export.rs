@@ -7,8 +7,8 @@ use serde_json::Value;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Portal, Row, Transaction};
 
+use crate::db::DbResult;
 use crate::domain::export::ExportRow;
-use crate::error::ApiResult;
 
 /// Which records an export covers (API.md 13.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub async fn snapshot_head(tx: &Transaction<'_>) -> Result<(i64, DateTime<Utc>),
 }
 
 /// The head as of now, for HEAD requests that only need the header.
-pub async fn current_head(db: &impl GenericClient) -> ApiResult<i64> {
+pub async fn current_head(db: &impl GenericClient) -> DbResult<i64> {
     Ok(db.query_one("SELECT head FROM change_head", &[]).await?.get(0))
 }
 
@@ -185,7 +185,7 @@ UNION ALL
 SELECT 'unit', NULL, NULL, 0, (SELECT unit FROM span), now()
 "#;
 
-pub async fn observation_stats(db: &impl GenericClient) -> ApiResult<ObservationStats> {
+pub async fn observation_stats(db: &impl GenericClient) -> DbResult<ObservationStats> {
     let rows = db.query(STATS_SQL, &[]).await?;
     let mut stats = ObservationStats { bucket_unit: "day".into(), ..Default::default() };
     for row in &rows {

@@ -5,8 +5,8 @@ use deadpool_postgres::GenericClient;
 use serde_json::{json, Value};
 use tokio_postgres::Row;
 
+use crate::db::DbResult;
 use crate::domain::formspec::bundle_form_version;
-use crate::error::ApiResult;
 
 #[derive(Debug, Clone)]
 pub struct FormSpecRow {
@@ -68,7 +68,7 @@ pub async fn register(
     schema: &Value,
     uischema: &Value,
     source: &str,
-) -> ApiResult<Registration> {
+) -> DbResult<Registration> {
     let insert = format!(
         "INSERT INTO form_specs (form_type, version, schema, uischema, source) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (form_type, version) DO NOTHING RETURNING {COLUMNS}"
@@ -91,7 +91,7 @@ pub async fn register_bundle_forms(
     db: &impl GenericClient,
     bundle_version: &str,
     forms: &[(String, Value, Value)],
-) -> ApiResult<Vec<Value>> {
+) -> DbResult<Vec<Value>> {
     let source = format!("bundle:{bundle_version}");
     let mut warnings = Vec::new();
     for (form_type, schema, uischema) in forms {
@@ -120,7 +120,7 @@ pub async fn register_bundle_forms(
 }
 
 /// Every spec, sorted by form type (byte order), then newest first.
-pub async fn list(db: &impl GenericClient) -> ApiResult<Vec<FormSpecSummary>> {
+pub async fn list(db: &impl GenericClient) -> DbResult<Vec<FormSpecSummary>> {
     let rows = db
         .query(
             "SELECT form_type, version, source, created_at FROM form_specs
@@ -132,7 +132,7 @@ pub async fn list(db: &impl GenericClient) -> ApiResult<Vec<FormSpecSummary>> {
 }
 
 /// The versions of one form type, newest first.
-pub async fn versions_of(db: &impl GenericClient, form_type: &str) -> ApiResult<Vec<FormSpecSummary>> {
+pub async fn versions_of(db: &impl GenericClient, form_type: &str) -> DbResult<Vec<FormSpecSummary>> {
     let rows = db
         .query(
             "SELECT form_type, version, source, created_at FROM form_specs WHERE form_type = $1
@@ -143,7 +143,7 @@ pub async fn versions_of(db: &impl GenericClient, form_type: &str) -> ApiResult<
     Ok(rows.iter().map(summary_from_row).collect())
 }
 
-pub async fn get(db: &impl GenericClient, form_type: &str, version: &str) -> ApiResult<Option<FormSpecRow>> {
+pub async fn get(db: &impl GenericClient, form_type: &str, version: &str) -> DbResult<Option<FormSpecRow>> {
     let sql = format!("SELECT {COLUMNS} FROM form_specs WHERE form_type = $1 AND version = $2");
     Ok(db.query_opt(&sql, &[&form_type, &version]).await?.map(|row| spec_from_row(&row)))
 }
@@ -155,7 +155,7 @@ pub async fn spec_for(
     db: &impl GenericClient,
     form_type: &str,
     form_version: &str,
-) -> ApiResult<Option<Value>> {
+) -> DbResult<Option<Value>> {
     let row = db
         .query_opt(
             "SELECT schema FROM (

@@ -3,6 +3,7 @@
 pub mod attachments;
 pub mod bundles;
 pub mod embedded;
+pub mod error;
 pub mod export;
 pub mod formspecs;
 pub mod presence;
@@ -10,6 +11,8 @@ pub mod records;
 pub mod status;
 pub mod tls;
 pub mod users;
+
+pub use error::{is_connection_error, is_unstorable_text, BoxError, Conflict, DbError, DbResult};
 
 use std::time::Duration;
 
@@ -90,27 +93,4 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY]).await?;
     result?;
     Ok(())
-}
-
-/// Errors that mean "the database is not reachable" rather than "the query is wrong".
-pub fn is_connection_error(e: &tokio_postgres::Error) -> bool {
-    if e.is_closed() {
-        return true;
-    }
-    match e.code() {
-        Some(code) => {
-            let c = code.code();
-            // Class 08: connection exceptions; 57P0x: admin/crash shutdown, cannot connect now.
-            c.starts_with("08") || c.starts_with("57P")
-        }
-        None => {
-            let text = e.to_string();
-            text.contains("connection") || text.contains("timed out") || text.contains("io error")
-        }
-    }
-}
-
-/// NUL in text (22021) or in a JSON string cast to jsonb (22P05): PostgreSQL cannot store them.
-pub fn is_unstorable_text(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|c| matches!(c.code(), "22021" | "22P05"))
 }

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 
-use crate::error::ApiResult;
+use crate::db::DbResult;
 
 pub struct PresenceUpsert {
     pub username: String,
@@ -15,7 +15,7 @@ pub struct PresenceUpsert {
 }
 
 /// One statement for the whole batch; rows of users deleted meanwhile are skipped.
-pub async fn upsert_many(db: &impl GenericClient, batch: &[PresenceUpsert]) -> ApiResult<()> {
+pub async fn upsert_many(db: &impl GenericClient, batch: &[PresenceUpsert]) -> DbResult<()> {
     let usernames: Vec<&str> = batch.iter().map(|p| p.username.as_str()).collect();
     let client_ids: Vec<&str> = batch.iter().map(|p| p.client_id.as_str()).collect();
     let seen: Vec<DateTime<Utc>> = batch.iter().map(|p| p.last_seen_at).collect();
@@ -53,7 +53,7 @@ pub async fn list(
     db: &impl GenericClient,
     username: Option<&str>,
     stale_after_secs: Option<i64>,
-) -> ApiResult<(i64, Vec<DeviceRow>)> {
+) -> DbResult<(i64, Vec<DeviceRow>)> {
     let rows = db
         .query(
             "SELECT (SELECT head FROM change_head), username, client_id, last_seen_at, last_data_version,
@@ -87,7 +87,7 @@ pub async fn list(
 /// Every device row, for attaching presence to the user list.
 pub async fn all_by_user(
     db: &impl GenericClient,
-) -> ApiResult<std::collections::HashMap<String, Vec<DeviceRow>>> {
+) -> DbResult<std::collections::HashMap<String, Vec<DeviceRow>>> {
     let (_, rows) = list(db, None, None).await?;
     let mut by_user: std::collections::HashMap<String, Vec<DeviceRow>> = std::collections::HashMap::new();
     for row in rows {

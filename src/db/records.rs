@@ -11,8 +11,8 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{Json, ToSql, Type};
 use tokio_postgres::Row;
 
+use crate::db::DbResult;
 use crate::domain::sync::{PushResult, StoredRecord};
-use crate::error::ApiResult;
 
 /// Serialises change_id allocation across server processes sharing one database.
 pub const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
@@ -51,7 +51,7 @@ pub async fn pull_page(
     after: i64,
     types: &[String],
     limit: i64,
-) -> ApiResult<(Head, Vec<StoredRecord>)> {
+) -> DbResult<(Head, Vec<StoredRecord>)> {
     // With a type filter, each type is read in change_id order from (form_type, change_id) and
     // the short lists are merged. Written as `form_type = ANY(...)`, the planner picks a bitmap
     // scan of every matching row plus a sort whenever its statistics lag behind a burst of
@@ -103,11 +103,11 @@ pub struct Head {
     pub repository_generation: i64,
 }
 
-pub async fn head(db: &impl GenericClient) -> ApiResult<i64> {
+pub async fn head(db: &impl GenericClient) -> DbResult<i64> {
     Ok(db.query_one("SELECT head FROM change_head", &[]).await?.get(0))
 }
 
-pub async fn head_and_generation(db: &impl GenericClient) -> ApiResult<Head> {
+pub async fn head_and_generation(db: &impl GenericClient) -> DbResult<Head> {
     let row = db.query_one("SELECT head, repository_generation FROM change_head", &[]).await?;
     Ok(Head { change_id: row.get(0), repository_generation: row.get(1) })
 }
@@ -115,7 +115,7 @@ pub async fn head_and_generation(db: &impl GenericClient) -> ApiResult<Head> {
 /// Empties the repository in the caller's transaction (API.md 17.3): observations, their history,
 /// transmission results and attachment records go; the change sequence continues; the generation
 /// rises. Returns the new head state.
-pub async fn reset_repository(db: &impl GenericClient) -> ApiResult<Head> {
+pub async fn reset_repository(db: &impl GenericClient) -> DbResult<Head> {
     db.batch_execute(
         "DELETE FROM record_revisions; DELETE FROM records; DELETE FROM transmissions; DELETE FROM attachments;",
     )
@@ -144,7 +144,7 @@ pub async fn current_states(
     db: &impl GenericClient,
     ids: &[&str],
     need_data: &[&str],
-) -> ApiResult<HashMap<String, CurrentState>> {
+) -> DbResult<HashMap<String, CurrentState>> {
     let rows = db
         .query(
             "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data::text END
@@ -180,7 +180,7 @@ pub async fn find_transmissions(
     db: &impl GenericClient,
     client_ids: &[String],
     transmission_ids: &[String],
-) -> ApiResult<Vec<StoredTransmission>> {
+) -> DbResult<Vec<StoredTransmission>> {
     if client_ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -326,7 +326,7 @@ pub async fn write_revisions(
     superseded_in_batch: &[usize],
     overwritten_ids: &[&str],
     synced_at: DateTime<Utc>,
-) -> ApiResult<()> {
+) -> DbResult<()> {
     if b.is_empty() {
         return Ok(());
     }
@@ -371,7 +371,7 @@ async fn copy_current_rows(
     tx: &Transaction<'_>,
     b: &RevisionBatch<'_>,
     synced_at: DateTime<Utc>,
-) -> ApiResult<()> {
+) -> DbResult<()> {
     let sink = tx
         .copy_in(
             "COPY records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
@@ -439,7 +439,7 @@ async fn update_current_rows(
     db: &impl GenericClient,
     b: &RevisionBatch<'_>,
     synced_at: DateTime<Utc>,
-) -> ApiResult<()> {
+) -> DbResult<()> {
     let sql = format!(
         "UPDATE records SET
              form_type = u.ft, form_version = u.fv, data = u.d, deleted = u.del, created_at = u.ca,
@@ -457,7 +457,7 @@ async fn insert_revision_rows(
     db: &impl GenericClient,
     b: &RevisionBatch<'_>,
     synced_at: DateTime<Utc>,
-) -> ApiResult<()> {
+) -> DbResult<()> {
     let sql = format!(
         "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
              updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
@@ -475,7 +475,7 @@ pub async fn insert_transmissions(
     transmission_ids: &[&str],
     fingerprints: &[&[u8]],
     results: &[Json<&PushResult>],
-) -> ApiResult<()> {
+) -> DbResult<()> {
     if client_ids.is_empty() {
         return Ok(());
     }
@@ -488,12 +488,12 @@ pub async fn insert_transmissions(
     Ok(())
 }
 
-pub async fn set_head(db: &impl GenericClient, head: i64) -> ApiResult<()> {
+pub async fn set_head(db: &impl GenericClient, head: i64) -> DbResult<()> {
     db.execute("UPDATE change_head SET head = $1", &[&head]).await?;
     Ok(())
 }
 
-pub async fn purge_transmissions(db: &impl GenericClient, retention_days: u32) -> ApiResult<u64> {
+pub async fn purge_transmissions(db: &impl GenericClient, retention_days: u32) -> DbResult<u64> {
     Ok(db
         .execute(
             "DELETE FROM transmissions WHERE created_at < now() - make_interval(days => $1)",
@@ -523,7 +523,7 @@ pub async fn list_observations(
     include_deleted: bool,
     after: i64,
     limit: i64,
-) -> ApiResult<(i64, Vec<OwnedRecord>)> {
+) -> DbResult<(i64, Vec<OwnedRecord>)> {
     let owner_filter: Option<&str> = match owner {
         Owner::All => None,
         Owner::User(u) => Some(u),
@@ -549,7 +549,7 @@ pub async fn list_observations(
     Ok((head, records))
 }
 
-pub async fn find_observation(db: &impl GenericClient, id: &str) -> ApiResult<Option<OwnedRecord>> {
+pub async fn find_observation(db: &impl GenericClient, id: &str) -> DbResult<Option<OwnedRecord>> {
     let sql = format!("SELECT {RECORD_COLUMNS}, created_by FROM records WHERE id = $1");
     Ok(db
         .query_opt(&sql, &[&id])
@@ -574,7 +574,7 @@ pub async fn history(
     id: &str,
     before: Option<i64>,
     limit: i64,
-) -> ApiResult<Vec<Revision>> {
+) -> DbResult<Vec<Revision>> {
     let rows = db
         .query(
             "SELECT * FROM (
@@ -606,6 +606,6 @@ pub async fn history(
         .collect())
 }
 
-pub async fn record_exists(db: &impl GenericClient, id: &str) -> ApiResult<bool> {
+pub async fn record_exists(db: &impl GenericClient, id: &str) -> DbResult<bool> {
     Ok(db.query_opt("SELECT 1 FROM records WHERE id = $1", &[&id]).await?.is_some())
 }

@@ -2,7 +2,7 @@
 
 use deadpool_postgres::GenericClient;
 
-use crate::error::ApiResult;
+use crate::db::DbResult;
 
 pub struct Counts {
     pub observations: i64,
@@ -11,7 +11,7 @@ pub struct Counts {
     pub active_bundle_version: Option<String>,
 }
 
-pub async fn counts(db: &impl GenericClient) -> ApiResult<Counts> {
+pub async fn counts(db: &impl GenericClient) -> DbResult<Counts> {
     let row =
         db.query_one("SELECT (SELECT count(*) FROM records), (SELECT head FROM change_head), (SELECT version FROM bundle_active)", &[]).await?;
     Ok(Counts {

@@ -6,8 +6,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
+use crate::db::{Conflict, DbError, DbResult};
 use crate::domain::role::Role;
-use crate::error::{ApiError, ApiResult, ErrorCode};
 
 #[derive(Debug, Clone)]
 pub struct UserRow {
@@ -42,7 +42,7 @@ fn user_from_row(row: &Row) -> UserRow {
 /// Serialises admin-count-sensitive changes so two concurrent demotions cannot remove the last admin.
 const ADMIN_CHANGE_LOCK: i64 = 0x5359_4e4b_0002;
 
-pub async fn count(db: &impl GenericClient) -> ApiResult<i64> {
+pub async fn count(db: &impl GenericClient) -> DbResult<i64> {
     Ok(db.query_one("SELECT count(*) FROM users", &[]).await?.get(0))
 }
 
@@ -52,39 +52,39 @@ pub async fn insert(
     email: Option<&str>,
     password_hash: &str,
     role: Role,
-) -> ApiResult<UserRow> {
+) -> DbResult<UserRow> {
     let sql = format!(
         "INSERT INTO users (username, email, password_hash, role) VALUES ($1, $2, $3, $4) RETURNING {USER_COLUMNS}"
     );
     match db.query_one(&sql, &[&username, &email, &password_hash, &role.as_str()]).await {
         Ok(row) => Ok(user_from_row(&row)),
         Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
-            Err(ApiError::new(ErrorCode::Conflict, format!("Username '{username}' is already taken")))
+            Err(DbError::Conflict(Conflict::UsernameTaken(username.to_string())))
         }
         Err(e) => Err(e.into()),
     }
 }
 
-pub async fn find_by_username(db: &impl GenericClient, username: &str) -> ApiResult<Option<UserRow>> {
+pub async fn find_by_username(db: &impl GenericClient, username: &str) -> DbResult<Option<UserRow>> {
     let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1");
     Ok(db.query_opt(&sql, &[&username]).await?.map(|r| user_from_row(&r)))
 }
 
-pub async fn find_by_id(db: &impl GenericClient, id: Uuid) -> ApiResult<Option<UserRow>> {
+pub async fn find_by_id(db: &impl GenericClient, id: Uuid) -> DbResult<Option<UserRow>> {
     let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1");
     Ok(db.query_opt(&sql, &[&id]).await?.map(|r| user_from_row(&r)))
 }
 
-pub async fn list(db: &impl GenericClient) -> ApiResult<Vec<UserRow>> {
+pub async fn list(db: &impl GenericClient) -> DbResult<Vec<UserRow>> {
     let sql = format!("SELECT {USER_COLUMNS} FROM users ORDER BY username COLLATE \"C\"");
     Ok(db.query(&sql, &[]).await?.iter().map(user_from_row).collect())
 }
 
-pub async fn token_generation(db: &impl GenericClient, id: Uuid) -> ApiResult<Option<i64>> {
+pub async fn token_generation(db: &impl GenericClient, id: Uuid) -> DbResult<Option<i64>> {
     Ok(db.query_opt("SELECT token_generation FROM users WHERE id = $1", &[&id]).await?.map(|r| r.get(0)))
 }
 
-pub async fn touch_last_login(db: &impl GenericClient, id: Uuid) -> ApiResult<DateTime<Utc>> {
+pub async fn touch_last_login(db: &impl GenericClient, id: Uuid) -> DbResult<DateTime<Utc>> {
     Ok(db
         .query_one("UPDATE users SET last_login = now() WHERE id = $1 RETURNING last_login", &[&id])
         .await?
@@ -103,7 +103,7 @@ pub async fn update(
     db: &mut deadpool_postgres::Object,
     username: &str,
     change: UserUpdate,
-) -> ApiResult<Option<UserRow>> {
+) -> DbResult<Option<UserRow>> {
     let tx = db.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADMIN_CHANGE_LOCK]).await?;
     let Some(current) = find_by_username(&tx, username).await? else {
@@ -138,7 +138,7 @@ pub async fn set_password(
     db: &mut deadpool_postgres::Object,
     id: Uuid,
     password_hash: &str,
-) -> ApiResult<bool> {
+) -> DbResult<bool> {
     let tx = db.transaction().await?;
     let n = tx
         .execute(
@@ -152,7 +152,7 @@ pub async fn set_password(
 }
 
 /// Deletes a user (refresh tokens go with it); refuses to delete the last admin.
-pub async fn delete(db: &mut deadpool_postgres::Object, id: Uuid) -> ApiResult<bool> {
+pub async fn delete(db: &mut deadpool_postgres::Object, id: Uuid) -> DbResult<bool> {
     let tx = db.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADMIN_CHANGE_LOCK]).await?;
     let Some(user) = find_by_id(&tx, id).await? else {
@@ -166,13 +166,13 @@ pub async fn delete(db: &mut deadpool_postgres::Object, id: Uuid) -> ApiResult<b
     Ok(true)
 }
 
-async fn ensure_other_admin_exists(db: &impl GenericClient, except: Uuid) -> ApiResult<()> {
+async fn ensure_other_admin_exists(db: &impl GenericClient, except: Uuid) -> DbResult<()> {
     let others: i64 = db
         .query_one("SELECT count(*) FROM users WHERE role = 'admin' AND id <> $1", &[&except])
         .await?
         .get(0);
     if others == 0 {
-        return Err(ApiError::of(ErrorCode::LastAdmin));
+        return Err(DbError::Conflict(Conflict::LastAdmin));
     }
     Ok(())
 }
@@ -185,7 +185,7 @@ pub async fn insert_refresh_token(
     user_id: Uuid,
     family_id: Uuid,
     expires_at: DateTime<Utc>,
-) -> ApiResult<()> {
+) -> DbResult<()> {
     db.execute(
         "INSERT INTO refresh_tokens (token_hash, user_id, family_id, expires_at) VALUES ($1, $2, $3, $4)",
         &[&token_hash, &user_id, &family_id, &expires_at],
@@ -209,7 +209,7 @@ pub enum RefreshLookup {
     },
 }
 
-pub async fn consume_refresh_token(db: &impl GenericClient, token_hash: &[u8]) -> ApiResult<RefreshLookup> {
+pub async fn consume_refresh_token(db: &impl GenericClient, token_hash: &[u8]) -> DbResult<RefreshLookup> {
     // Revoke-and-return in one statement: two racing refreshes cannot both succeed.
     let consumed = db
         .query_opt(
@@ -235,7 +235,7 @@ pub async fn consume_refresh_token(db: &impl GenericClient, token_hash: &[u8]) -
     })
 }
 
-pub async fn revoke_refresh_family(db: &impl GenericClient, family_id: Uuid) -> ApiResult<()> {
+pub async fn revoke_refresh_family(db: &impl GenericClient, family_id: Uuid) -> DbResult<()> {
     db.execute(
         "UPDATE refresh_tokens SET revoked_at = now() WHERE family_id = $1 AND revoked_at IS NULL",
         &[&family_id],
@@ -244,11 +244,7 @@ pub async fn revoke_refresh_family(db: &impl GenericClient, family_id: Uuid) -> 
     Ok(())
 }
 
-pub async fn revoke_refresh_token(
-    db: &impl GenericClient,
-    token_hash: &[u8],
-    user_id: Uuid,
-) -> ApiResult<()> {
+pub async fn revoke_refresh_token(db: &impl GenericClient, token_hash: &[u8], user_id: Uuid) -> DbResult<()> {
     db.execute(
         "UPDATE refresh_tokens SET revoked_at = now() WHERE token_hash = $1 AND user_id = $2 AND revoked_at IS NULL",
         &[&token_hash, &user_id],
@@ -257,7 +253,7 @@ pub async fn revoke_refresh_token(
     Ok(())
 }
 
-async fn revoke_refresh_tokens_of_user(db: &impl GenericClient, user_id: Uuid) -> ApiResult<()> {
+async fn revoke_refresh_tokens_of_user(db: &impl GenericClient, user_id: Uuid) -> DbResult<()> {
     db.execute(
         "UPDATE refresh_tokens SET revoked_at = now() WHERE user_id = $1 AND revoked_at IS NULL",
         &[&user_id],
@@ -272,7 +268,7 @@ pub async fn revoke_access_token(
     db: &impl GenericClient,
     jti: &str,
     expires_at: DateTime<Utc>,
-) -> ApiResult<()> {
+) -> DbResult<()> {
     db.execute(
         "INSERT INTO revoked_tokens (jti, expires_at) VALUES ($1, $2) ON CONFLICT (jti) DO NOTHING",
         &[&jti, &expires_at],
@@ -281,12 +277,12 @@ pub async fn revoke_access_token(
     Ok(())
 }
 
-pub async fn is_access_token_revoked(db: &impl GenericClient, jti: &str) -> ApiResult<bool> {
+pub async fn is_access_token_revoked(db: &impl GenericClient, jti: &str) -> DbResult<bool> {
     Ok(db.query_opt("SELECT 1 FROM revoked_tokens WHERE jti = $1", &[&jti]).await?.is_some())
 }
 
 /// Housekeeping: forget denylisted tokens and refresh tokens that have expired anyway.
-pub async fn purge_expired_tokens(db: &impl GenericClient) -> ApiResult<()> {
+pub async fn purge_expired_tokens(db: &impl GenericClient) -> DbResult<()> {
     db.execute("DELETE FROM revoked_tokens WHERE expires_at < now()", &[]).await?;
     db.execute("DELETE FROM refresh_tokens WHERE expires_at < now() - interval '1 day'", &[]).await?;
     Ok(())

@@ -3,18 +3,21 @@
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use crate::error::{ApiError, ApiResult};
-
 /// Longest id in bytes (17.7 widened 10.1's 255 characters to 512 bytes).
 pub const MAX_ID_BYTES: usize = 512;
 
 /// Literal routes under `/attachments/` that can never be ids.
 const RESERVED_IDS: [&str; 2] = ["manifest", "export-zip"];
 
+/// Why an attachment id was refused (a 400 at the HTTP boundary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("Invalid attachment id: {0}")]
+pub struct InvalidId(&'static str);
+
 /// Checks an already percent-decoded id: 1-512 bytes of `/`-separated non-empty segments, none
 /// `.` or `..`, no `\`, NUL or control characters, not a reserved literal.
-pub fn validate_id(id: &str) -> ApiResult<()> {
-    let refuse = |why: &str| Err(ApiError::bad_request(format!("Invalid attachment id: {why}")));
+pub fn validate_id(id: &str) -> Result<(), InvalidId> {
+    let refuse = |why: &'static str| Err(InvalidId(why));
     if id.is_empty() || id.len() > MAX_ID_BYTES {
         return refuse("it must be 1 to 512 bytes long");
     }

@@ -6,6 +6,7 @@ pub mod export;
 pub mod formspec;
 pub mod mime;
 pub mod page_token;
+pub mod problem;
 pub mod role;
 pub mod sync;
 pub mod time;

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::domain::api_version::{self, ApiVersion};
 use crate::error::{ApiError, ErrorCode};
-use crate::http::request_id;
+use crate::telemetry::request_id;
 
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 const SERVER_MAJOR: u64 = 1;

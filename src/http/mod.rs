@@ -14,7 +14,6 @@ pub mod metrics;
 pub mod observations;
 pub mod openapi;
 pub mod portal;
-pub mod request_id;
 pub mod routing;
 pub mod sync;
 pub mod users;

@@ -6,10 +6,52 @@ use serde_json::{Map, Value};
 
 use super::{clamp_limit, Dialect, IncomingRecord, PullCursor, PullRequest, PushRequest, Warning};
 use crate::domain::page_token::{self, TokenKind};
+use crate::domain::problem::ItemProblem;
 use crate::domain::time::parse_rfc3339;
-use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
 
 const MAX_ID_CHARS: usize = 255;
+
+/// Why a push or pull request was refused. The HTTP layer gives each kind its status and code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct DecodeError {
+    pub kind: DecodeErrorKind,
+    pub message: String,
+    /// Where the request went wrong; for `ValidationFailed`, every record problem found.
+    pub problems: Vec<ItemProblem>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeErrorKind {
+    /// The request as a whole is malformed.
+    BadRequest,
+    /// The request is well-formed but some of its records are not; nothing is stored.
+    ValidationFailed,
+    /// The page token is not one this server issued for this listing.
+    InvalidPageToken,
+}
+
+type DecodeResult<T> = Result<T, DecodeError>;
+
+impl DecodeError {
+    fn bad_request(message: impl Into<String>) -> Self {
+        DecodeError { kind: DecodeErrorKind::BadRequest, message: message.into(), problems: Vec::new() }
+    }
+
+    /// Names the one place that is wrong, as a problem with the request's own message.
+    fn with_path(mut self, path: &str) -> Self {
+        self.problems = vec![ItemProblem::new(path, "BAD_REQUEST", self.message.clone())];
+        self
+    }
+
+    fn invalid_page_token() -> Self {
+        DecodeError {
+            kind: DecodeErrorKind::InvalidPageToken,
+            message: "Invalid page token".into(),
+            problems: Vec::new(),
+        }
+    }
+}
 
 /// Per-dialect field names of a record.
 struct RecordKeys {
@@ -54,21 +96,23 @@ fn record_keys(dialect: Dialect) -> RecordKeys {
     }
 }
 
-fn object(body: &Value) -> ApiResult<&Map<String, Value>> {
-    body.as_object().ok_or_else(|| ApiError::bad_request("Request body must be a JSON object"))
+fn object(body: &Value) -> DecodeResult<&Map<String, Value>> {
+    body.as_object().ok_or_else(|| DecodeError::bad_request("Request body must be a JSON object"))
 }
 
 /// A required identifier-like string field of the request: 1–255 characters, no NUL.
-fn request_id_field(obj: &Map<String, Value>, key: &str) -> ApiResult<String> {
+fn request_id_field(obj: &Map<String, Value>, key: &str) -> DecodeResult<String> {
     match obj.get(key) {
         Some(Value::String(s)) if valid_free_form_id(s) => Ok(s.clone()),
-        Some(Value::String(_)) => Err(ApiError::bad_request(format!("'{key}' must be 1 to 255 characters"))
-            .with_path(&format!("/{key}"))),
+        Some(Value::String(_)) => {
+            Err(DecodeError::bad_request(format!("'{key}' must be 1 to 255 characters"))
+                .with_path(&format!("/{key}")))
+        }
         None | Some(Value::Null) => {
-            Err(ApiError::bad_request(format!("'{key}' is required")).with_path(&format!("/{key}")))
+            Err(DecodeError::bad_request(format!("'{key}' is required")).with_path(&format!("/{key}")))
         }
         Some(_) => {
-            Err(ApiError::bad_request(format!("'{key}' must be a string")).with_path(&format!("/{key}")))
+            Err(DecodeError::bad_request(format!("'{key}' must be a string")).with_path(&format!("/{key}")))
         }
     }
 }
@@ -79,7 +123,7 @@ pub fn valid_free_form_id(s: &str) -> bool {
 }
 
 /// Decodes and validates a push body. 400 for request-level problems; 422 listing every record problem.
-pub fn decode_push(body: &Value) -> ApiResult<PushRequest> {
+pub fn decode_push(body: &Value) -> DecodeResult<PushRequest> {
     let dialect = Dialect::detect(body);
     let obj = object(body)?;
     let (client_key, tid_key) = match dialect {
@@ -99,7 +143,7 @@ pub fn decode_push(body: &Value) -> ApiResult<PushRequest> {
     let list = match list {
         Some(Value::Array(items)) => items,
         _ => {
-            return Err(ApiError::bad_request(format!("'{}' must be an array", keys.list_path))
+            return Err(DecodeError::bad_request(format!("'{}' must be an array", keys.list_path))
                 .with_path(keys.list_path))
         }
     };
@@ -125,7 +169,7 @@ pub fn decode_push(body: &Value) -> ApiResult<PushRequest> {
             "{bad_records} of {} records failed validation ({total} problems); nothing was stored",
             list.len()
         );
-        return Err(ApiError::new(ErrorCode::ValidationFailed, message).with_errors(problems));
+        return Err(DecodeError { kind: DecodeErrorKind::ValidationFailed, message, problems });
     }
     Ok(PushRequest { dialect, client_id, transmission_id, records, warnings })
 }
@@ -353,44 +397,45 @@ pub struct PullQuery {
     pub schema_types: Vec<String>,
 }
 
-fn parse_limit_text(raw: &str) -> ApiResult<i64> {
+fn parse_limit_text(raw: &str) -> DecodeResult<i64> {
     raw.trim()
         .parse::<i64>()
-        .map_err(|_| ApiError::bad_request("'limit' must be an integer").with_path("?limit"))
+        .map_err(|_| DecodeError::bad_request("'limit' must be an integer").with_path("?limit"))
 }
 
-fn body_limit(obj: &Map<String, Value>) -> ApiResult<Option<i64>> {
+fn body_limit(obj: &Map<String, Value>) -> DecodeResult<Option<i64>> {
     match obj.get("limit") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => match n.as_i64() {
             Some(v) => Ok(Some(v)),
             // Huge integers still mean "as many as allowed".
             None if n.as_u64().is_some() => Ok(Some(i64::MAX)),
-            None => Err(ApiError::bad_request("'limit' must be an integer").with_path("/limit")),
+            None => Err(DecodeError::bad_request("'limit' must be an integer").with_path("/limit")),
         },
-        Some(_) => Err(ApiError::bad_request("'limit' must be an integer").with_path("/limit")),
+        Some(_) => Err(DecodeError::bad_request("'limit' must be an integer").with_path("/limit")),
     }
 }
 
-fn string_array(obj: &Map<String, Value>, key: &str) -> ApiResult<Vec<String>> {
+fn string_array(obj: &Map<String, Value>, key: &str) -> DecodeResult<Vec<String>> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => {
             items.iter().map(|v| v.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(
                 || {
-                    ApiError::bad_request(format!("'{key}' must be an array of strings"))
+                    DecodeError::bad_request(format!("'{key}' must be an array of strings"))
                         .with_path(&format!("/{key}"))
                 },
             )
         }
-        Some(_) => Err(ApiError::bad_request(format!("'{key}' must be an array of strings"))
+        Some(_) => Err(DecodeError::bad_request(format!("'{key}' must be an array of strings"))
             .with_path(&format!("/{key}"))),
     }
 }
 
-fn cursor_value(v: &Value, key: &str) -> ApiResult<i64> {
+fn cursor_value(v: &Value, key: &str) -> DecodeResult<i64> {
     let bad = || {
-        ApiError::bad_request(format!("'{key}' must be a non-negative integer")).with_path(&format!("/{key}"))
+        DecodeError::bad_request(format!("'{key}' must be a non-negative integer"))
+            .with_path(&format!("/{key}"))
     };
     match v {
         Value::Null => Ok(0),
@@ -402,7 +447,7 @@ fn cursor_value(v: &Value, key: &str) -> ApiResult<i64> {
 }
 
 /// Decodes a POST pull body (+ query). A page token wins over an explicit cursor or filter.
-pub fn decode_pull(body: &Value, query: &PullQuery) -> ApiResult<PullRequest> {
+pub fn decode_pull(body: &Value, query: &PullQuery) -> DecodeResult<PullRequest> {
     let dialect = Dialect::detect(body);
     let obj = object(body)?;
     let client_key = if dialect == Dialect::Camel { "clientId" } else { "client_id" };
@@ -417,7 +462,7 @@ pub fn decode_pull(body: &Value, query: &PullQuery) -> ApiResult<PullRequest> {
             Some(v @ Value::Number(_)) => cursor_value(v, "since")?,
             Some(_) => {
                 return Err(
-                    ApiError::bad_request("'since' must be an object with a version").with_path("/since")
+                    DecodeError::bad_request("'since' must be an object with a version").with_path("/since")
                 )
             }
         },
@@ -448,21 +493,21 @@ pub fn decode_pull(body: &Value, query: &PullQuery) -> ApiResult<PullRequest> {
 }
 
 /// Decodes `GET /sync/pull?client_id=&since=&schema_types=a,b&limit=&page_token=`.
-pub fn decode_pull_query(pairs: &[(String, String)], dialect: Dialect) -> ApiResult<PullRequest> {
+pub fn decode_pull_query(pairs: &[(String, String)], dialect: Dialect) -> DecodeResult<PullRequest> {
     let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
     let client_id = match get("client_id") {
         Some(c) if valid_free_form_id(c) => c.to_string(),
         Some(_) => {
             return Err(
-                ApiError::bad_request("'client_id' must be 1 to 255 characters").with_path("?client_id")
+                DecodeError::bad_request("'client_id' must be 1 to 255 characters").with_path("?client_id")
             )
         }
-        None => return Err(ApiError::bad_request("'client_id' is required").with_path("?client_id")),
+        None => return Err(DecodeError::bad_request("'client_id' is required").with_path("?client_id")),
     };
     let mut after = match get("since").or_else(|| get("since_change_id")) {
         None | Some("") => 0,
         Some(raw) => raw.trim().parse::<i64>().ok().filter(|v| *v >= 0).ok_or_else(|| {
-            ApiError::bad_request("'since' must be a non-negative integer").with_path("?since")
+            DecodeError::bad_request("'since' must be a non-negative integer").with_path("?since")
         })?,
     };
     let mut types: Vec<String> = pairs
@@ -479,10 +524,10 @@ pub fn decode_pull_query(pairs: &[(String, String)], dialect: Dialect) -> ApiRes
     Ok(PullRequest { dialect, client_id, after, types: normalize_types(types), limit: clamp_limit(limit) })
 }
 
-fn decode_pull_token(token: &str) -> ApiResult<PullCursor> {
+fn decode_pull_token(token: &str) -> DecodeResult<PullCursor> {
     page_token::decode::<PullCursor>(TokenKind::Pull, token)
         .filter(|c| c.a >= 0)
-        .ok_or_else(|| ApiError::of(ErrorCode::InvalidPageToken))
+        .ok_or_else(DecodeError::invalid_page_token)
 }
 
 /// A set without duplicates, in a stable order (tokens and SQL see the same list).
