@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::actors::change_log::{AttachmentCommit, ChangeLog, CommitAttachment};
+use crate::actors::change_log::{AttachmentCommit, ChangeLogHandle};
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
 use crate::domain::attachment::{scaled_size, Quality};
 use crate::error::{ApiError, ApiResult, ErrorCode};
@@ -137,16 +137,32 @@ pub fn too_large(limit: u64) -> ApiError {
     ApiError::new(ErrorCode::PayloadTooLarge, format!("Attachment exceeds {limit} bytes"))
 }
 
+/// The attachment store's front door: the only writer of attachment files.
+#[derive(Clone)]
+pub struct AttachmentStoreHandle(pub(super) Addr<AttachmentStore>);
+
+impl AttachmentStoreHandle {
+    /// Moves a staged upload into place and records it.
+    pub async fn store(&self, store: Store) -> ApiResult<AttachmentCommit> {
+        super::ask(&self.0, "attachment store", store).await
+    }
+
+    /// The resized copy of an image for `quality`, made on first use; `None` serves the original.
+    pub async fn variant(&self, sha256: String, quality: Quality) -> ApiResult<Option<PathBuf>> {
+        super::ask(&self.0, "attachment store", Variant { sha256, quality }).await
+    }
+}
+
 pub struct AttachmentStore {
     pool: Pool,
-    change_log: Addr<ChangeLog>,
+    change_log: ChangeLogHandle,
     paths: BlobPaths,
     resizes: Arc<Semaphore>,
 }
 
 impl AttachmentStore {
     /// Creates the folders (start-up, so a failure stops the server with a clear message).
-    pub fn new(pool: Pool, change_log: Addr<ChangeLog>, root: &Path) -> anyhow::Result<Self> {
+    pub fn new(pool: Pool, change_log: ChangeLogHandle, root: &Path) -> anyhow::Result<Self> {
         let paths = BlobPaths::new(root);
         paths.create_dirs().map_err(|e| anyhow::anyhow!("ATTACHMENTS_PATH: {}: {e}", root.display()))?;
         Ok(AttachmentStore {
@@ -241,10 +257,7 @@ impl Handler<Store> for AttachmentStore {
                 uploaded_by,
                 client_id,
             };
-            change_log
-                .send(CommitAttachment(new))
-                .await
-                .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))?
+            change_log.commit_attachment(new).await
         })
     }
 }
@@ -253,7 +266,7 @@ impl Handler<Store> for AttachmentStore {
 /// original": not an image, already small enough, or not decodable.
 #[derive(Message)]
 #[rtype(result = "ApiResult<Option<PathBuf>>")]
-pub struct Variant {
+struct Variant {
     pub sha256: String,
     pub quality: Quality,
 }

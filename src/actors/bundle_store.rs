@@ -106,7 +106,7 @@ pub enum Target {
 }
 
 /// Resolves a target to one version; the caller then serves only from that version.
-pub struct Resolve(pub Target);
+struct Resolve(pub Target);
 
 impl Message for Resolve {
     type Result = ApiResult<Arc<VersionInfo>>;
@@ -130,7 +130,7 @@ impl Message for Push {
     type Result = ApiResult<PushOutcome>;
 }
 
-pub struct Switch {
+struct Switch {
     pub version: String,
 }
 
@@ -154,6 +154,27 @@ impl Message for Refresh {
 
 /// The pointer state applied in memory: its generation and the version it names.
 type Pointer = (i64, Option<Arc<VersionInfo>>);
+
+/// The bundle store's front door: reads resolve a version, writes upload or switch.
+#[derive(Clone)]
+pub struct BundleStoreHandle(pub(super) Addr<BundleStore>);
+
+impl BundleStoreHandle {
+    /// Resolves a target to one version; the caller then serves only from that version.
+    pub async fn resolve(&self, target: Target) -> ApiResult<Arc<VersionInfo>> {
+        super::ask(&self.0, "bundle store", Resolve(target)).await
+    }
+
+    /// Validates and stores an upload already streamed to `push.upload`, activating it if asked.
+    pub async fn push(&self, push: Push) -> ApiResult<PushOutcome> {
+        super::ask(&self.0, "bundle store", push).await
+    }
+
+    /// Makes `version` the active one.
+    pub async fn activate(&self, version: String) -> ApiResult<SwitchOutcome> {
+        super::ask(&self.0, "bundle store", Switch { version }).await
+    }
+}
 
 pub struct BundleStore {
     pool: Pool,

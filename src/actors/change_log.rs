@@ -61,7 +61,7 @@ struct Pending {
 
 /// Records a new attachment with the next change_id, so attachment manifests share the records'
 /// no-skip guarantee. The file must already be stored under its content hash.
-pub struct CommitAttachment(pub NewAttachment);
+struct CommitAttachment(pub NewAttachment);
 
 impl Message for CommitAttachment {
     type Result = ApiResult<AttachmentCommit>;
@@ -75,7 +75,7 @@ pub struct AttachmentCommit {
 }
 
 /// Empties the repository and raises its generation (API.md 17.3), ordered with every commit.
-pub struct ResetRepository;
+struct ResetRepository;
 
 impl Message for ResetRepository {
     type Result = ApiResult<Head>;
@@ -96,6 +96,27 @@ pub fn reset_required(server_generation: i64) -> ApiError {
             server_generation.to_string(),
         )
         .with_extra("repository_generation", server_generation)
+}
+
+/// The change log's front door: every commit of the repository goes through these methods.
+#[derive(Clone)]
+pub struct ChangeLogHandle(pub(super) Addr<ChangeLog>);
+
+impl ChangeLogHandle {
+    /// Commits a push (in a group commit with whatever else is waiting) and answers its result.
+    pub async fn push(&self, push: Push) -> ApiResult<PushOutcome> {
+        super::ask(&self.0, "change log", push).await
+    }
+
+    /// Records a stored attachment with the next change_id.
+    pub async fn commit_attachment(&self, new: NewAttachment) -> ApiResult<AttachmentCommit> {
+        super::ask(&self.0, "change log", CommitAttachment(new)).await
+    }
+
+    /// Empties the repository and raises its generation, ordered with every commit.
+    pub async fn reset_repository(&self) -> ApiResult<Head> {
+        super::ask(&self.0, "change log", ResetRepository).await
+    }
 }
 
 pub struct ChangeLog {

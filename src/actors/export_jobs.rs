@@ -142,12 +142,12 @@ pub struct PendingExport {
 /// Starts a streamed export, or 429 when every slot is taken.
 #[derive(Message)]
 #[rtype(result = "ApiResult<PendingExport>")]
-pub struct StartExport(pub ExportRequest);
+struct StartExport(pub ExportRequest);
 
 /// Queues an export job owned by the caller.
 #[derive(Message)]
 #[rtype(result = "ApiResult<JobView>")]
-pub struct CreateJob {
+struct CreateJob {
     pub owner: String,
     pub request: ExportRequest,
 }
@@ -155,7 +155,7 @@ pub struct CreateJob {
 /// A job's status, for its owner or an admin.
 #[derive(Message)]
 #[rtype(result = "ApiResult<JobView>")]
-pub struct GetJob {
+struct GetJob {
     pub id: String,
     pub caller: AuthUser,
 }
@@ -163,7 +163,7 @@ pub struct GetJob {
 /// A finished job's file, for its owner or an admin; 404 until it is done.
 #[derive(Message)]
 #[rtype(result = "ApiResult<JobFile>")]
-pub struct JobDownload {
+struct JobDownload {
     pub id: String,
     pub caller: AuthUser,
 }
@@ -266,6 +266,32 @@ fn run_in_background() {
     });
     if let Err(e) = lowered {
         tracing::debug!(error = %e, "could not lower the export thread's priority");
+    }
+}
+
+/// The export registry's front door.
+#[derive(Clone)]
+pub struct ExportJobsHandle(pub(super) Addr<ExportJobs>);
+
+impl ExportJobsHandle {
+    /// Starts a streamed export, or 429 when every slot is taken.
+    pub async fn start(&self, request: ExportRequest) -> ApiResult<PendingExport> {
+        super::ask(&self.0, "export registry", StartExport(request)).await
+    }
+
+    /// Queues an export job owned by `owner`.
+    pub async fn create_job(&self, owner: String, request: ExportRequest) -> ApiResult<JobView> {
+        super::ask(&self.0, "export registry", CreateJob { owner, request }).await
+    }
+
+    /// A job's status, for its owner or an admin.
+    pub async fn job(&self, id: String, caller: AuthUser) -> ApiResult<JobView> {
+        super::ask(&self.0, "export registry", GetJob { id, caller }).await
+    }
+
+    /// A finished job's file, for its owner or an admin; 404 until it is done.
+    pub async fn download(&self, id: String, caller: AuthUser) -> ApiResult<JobFile> {
+        super::ask(&self.0, "export registry", JobDownload { id, caller }).await
     }
 }
 

@@ -1,4 +1,6 @@
-//! Actors own the server's single-owner state; handlers talk to them with messages.
+//! Actors own the server's single-owner state. Handlers talk to them only through their typed
+//! handles (`ChangeLogHandle`, `BundleStoreHandle`, ...), whose async methods send the message and
+//! map a mailbox failure to an error once, in [`ask`]; no handler sees an `Addr`.
 
 pub mod attachment_store;
 pub mod bundle_store;
@@ -8,18 +10,41 @@ pub mod presence;
 
 use std::time::Duration;
 
-use actix::{Actor, Addr};
+use actix::dev::ToEnvelope;
+use actix::{Actor, Addr, Handler, MailboxError, Message};
 
 use crate::config::Config;
+use crate::error::{ApiError, ApiResult};
 
-/// The addresses of the running actors.
+/// The handles of the running actors.
 #[derive(Clone)]
 pub struct Actors {
-    pub change_log: Addr<change_log::ChangeLog>,
-    pub presence: Addr<presence::Presence>,
-    pub bundles: Addr<bundle_store::BundleStore>,
-    pub attachments: Addr<attachment_store::AttachmentStore>,
-    pub export_jobs: Addr<export_jobs::ExportJobs>,
+    pub change_log: change_log::ChangeLogHandle,
+    pub presence: presence::PresenceHandle,
+    pub bundles: bundle_store::BundleStoreHandle,
+    pub attachments: attachment_store::AttachmentStoreHandle,
+    pub export_jobs: export_jobs::ExportJobsHandle,
+}
+
+/// An actor that did not take or answer a message: stopped, or its mailbox closed.
+#[derive(Debug, thiserror::Error)]
+#[error("the {actor} did not answer")]
+pub struct NoAnswer {
+    actor: &'static str,
+    #[source]
+    source: MailboxError,
+}
+
+/// Sends `msg` to `addr` and waits for the answer. The one place a mailbox failure becomes an
+/// error: a 500, with the actor's name and the mailbox error kept as the cause.
+async fn ask<A, M, T>(addr: &Addr<A>, actor: &'static str, msg: M) -> ApiResult<T>
+where
+    A: Actor + Handler<M>,
+    A::Context: ToEnvelope<A, M>,
+    M: Message<Result = ApiResult<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    addr.send(msg).await.map_err(|source| ApiError::internal(NoAnswer { actor, source }))?
 }
 
 /// Starts every actor; called once by the app factory. `conn` is the database connection
@@ -28,13 +53,16 @@ pub async fn start(config: &Config, pool: &deadpool_postgres::Pool, conn: &str) 
     // The change log has connections of its own: its group commits send statements of many
     // megabytes, and a connection keeps buffers as large as the largest message it carried, so
     // sharing the request pool would leave every pooled connection holding that much memory.
-    let change_log = change_log::ChangeLog::new(crate::db::create_pool(conn, 2)?).start();
-    let presence = presence::Presence::new(pool.clone()).start();
-    let bundles = bundle_store::BundleStore::start(config, pool, conn).await?;
-    let attachments =
+    let change_log =
+        change_log::ChangeLogHandle(change_log::ChangeLog::new(crate::db::create_pool(conn, 2)?).start());
+    let presence = presence::PresenceHandle(presence::Presence::new(pool.clone()).start());
+    let bundles =
+        bundle_store::BundleStoreHandle(bundle_store::BundleStore::start(config, pool, conn).await?);
+    let attachments = attachment_store::AttachmentStoreHandle(
         attachment_store::AttachmentStore::new(pool.clone(), change_log.clone(), &config.attachments_path)?
-            .start();
-    let export_jobs = export_jobs::ExportJobs::new(config, conn)?.start();
+            .start(),
+    );
+    let export_jobs = export_jobs::ExportJobsHandle(export_jobs::ExportJobs::new(config, conn)?.start());
     spawn_housekeeping(pool.clone(), config.transmission_retention_days);
     Ok(Actors { change_log, presence, bundles, attachments, export_jobs })
 }

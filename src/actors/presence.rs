@@ -46,6 +46,18 @@ struct Device {
     last_written: Option<Instant>,
 }
 
+/// The presence tracker's front door.
+#[derive(Clone)]
+pub struct PresenceHandle(pub(super) Addr<Presence>);
+
+impl PresenceHandle {
+    /// Notes a sighting without waiting: when the mailbox is full the sighting is dropped, as
+    /// presence is best effort and must never slow a request down.
+    pub fn seen(&self, seen: Seen) {
+        let _ = self.0.try_send(seen);
+    }
+}
+
 pub struct Presence {
     pool: Pool,
     devices: HashMap<(String, String), Device>,

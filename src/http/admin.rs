@@ -4,7 +4,6 @@ use actix_web::http::header::HeaderValue;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
 
-use crate::actors::change_log::ResetRepository;
 use crate::db::presence;
 use crate::domain::role::Role;
 use crate::domain::time;
@@ -28,12 +27,7 @@ pub async fn reset_repository(
         ))
         .with_path("/confirm"));
     }
-    let head = st
-        .actors
-        .change_log
-        .send(ResetRepository)
-        .await
-        .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))??;
+    let head = st.actors.change_log.reset_repository().await?;
     // Files go only after the commit: a failed reset must not lose attachments still referenced.
     remove_attachment_files(&st.config.attachments_path).await;
     tracing::warn!(admin = %caller.username, generation = head.repository_generation, head = head.change_id,

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
-use crate::actors::attachment_store::{self, BlobPaths, Staged, Store, Variant};
+use crate::actors::attachment_store::{self, BlobPaths, Staged, Store};
 use crate::actors::change_log::AttachmentCommit;
 use crate::db::attachments::{self, AttachmentRow};
 use crate::domain::attachment::{self as rules, Quality, RangeAnswer};
@@ -140,15 +140,14 @@ async fn store(
     let commit = st
         .actors
         .attachments
-        .send(Store {
+        .store(Store {
             staged,
             id,
             content_type,
             uploaded_by: caller,
             client_id: client_id.map(str::to_string),
         })
-        .await
-        .map_err(|e| ApiError::internal(format!("attachment store unavailable: {e}")))??;
+        .await?;
     let mut answer = upload_answer(&commit);
     answer["repository_generation"] = generation.into();
     Ok(HttpResponse::Ok().json(answer))
@@ -248,12 +247,7 @@ async fn variant(
     row: &AttachmentRow,
     quality: Quality,
 ) -> ApiResult<Option<(PathBuf, Quality)>> {
-    let made = st
-        .actors
-        .attachments
-        .send(Variant { sha256: row.sha256.clone(), quality })
-        .await
-        .map_err(|e| ApiError::internal(format!("attachment store unavailable: {e}")))??;
+    let made = st.actors.attachments.variant(row.sha256.clone(), quality).await?;
     Ok(made.map(|p| (p, quality)))
 }
 

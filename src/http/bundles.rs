@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
-use crate::actors::bundle_store::{staging_dir, Push, Resolve, Switch, Target, VersionInfo};
+use crate::actors::bundle_store::{staging_dir, Push, Target, VersionInfo};
 use crate::db;
 use crate::domain::api_version::ApiVersion;
 use crate::domain::bundle::{diff_versions, strip_active_marker, Limits, VersionView};
@@ -62,7 +62,7 @@ fn version_param(raw: &str) -> String {
 }
 
 async fn resolve(st: &AppState, target: Target) -> ApiResult<Arc<VersionInfo>> {
-    st.actors.bundles.send(Resolve(target)).await.map_err(ApiError::internal)?
+    st.actors.bundles.resolve(target).await
 }
 
 // ---- uploads ----
@@ -167,12 +167,7 @@ async fn upload(
         }
     }
     let upload = upload.and_then(TempUpload::into_path).ok_or_else(bad_multipart)?;
-    let outcome = st
-        .actors
-        .bundles
-        .send(Push { upload, activate, received_at })
-        .await
-        .map_err(ApiError::internal)??;
+    let outcome = st.actors.bundles.push(Push { upload, activate, received_at }).await?;
     let manifest = serde_json::to_value(&outcome.version.manifest).map_err(ApiError::internal)?;
     Ok(HttpResponse::Ok().json(json!({
         "message": "App bundle successfully pushed",
@@ -198,7 +193,7 @@ async fn switch_to(st: &AppState, raw: Option<&str>) -> ApiResult<HttpResponse> 
     if version.is_empty() {
         return Err(ApiError::bad_request("Version is required").with_path("/version"));
     }
-    let outcome = st.actors.bundles.send(Switch { version }).await.map_err(ApiError::internal)??;
+    let outcome = st.actors.bundles.activate(version).await?;
     Ok(HttpResponse::Ok().json(json!({
         "message": format!("Switched to app bundle version {}", outcome.version),
         "version": outcome.version,
@@ -262,7 +257,7 @@ pub async fn manifest(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     let st = state(&req)?;
     let info = resolve(st, Target::Active).await?;
     // Presence (API.md 17.4): the bundle version this device was told about.
-    let _ = st.actors.presence.try_send(crate::actors::presence::Seen {
+    st.actors.presence.seen(crate::actors::presence::Seen {
         username: caller.username.clone(),
         client_id: crate::http::extract::header_client_id(&req).unwrap_or_default(),
         client_version: crate::http::extract::client_version_hint(&req),

@@ -5,9 +5,7 @@ use actix_web::http::{header, Method};
 use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use serde_json::{json, Value};
 
-use crate::actors::export_jobs::{
-    CreateJob, ExportFormat, ExportRequest, GetJob, JobDownload, JobView, StartExport,
-};
+use crate::actors::export_jobs::{ExportFormat, ExportRequest, JobView};
 use crate::db::export::{self as sql, ExportFilter};
 use crate::domain::role::Role;
 use crate::domain::time;
@@ -164,7 +162,7 @@ async fn stream(req: &HttpRequest, request: ExportRequest) -> ApiResult<HttpResp
         return Ok(builder.finish());
     }
     let format = request.format;
-    let pending = st.actors.export_jobs.send(StartExport(request)).await.map_err(ApiError::internal)??;
+    let pending = st.actors.export_jobs.start(request).await?;
     let head = pending.head.await.map_err(|_| ApiError::internal("export ended before its snapshot"))??;
     let mut builder = HttpResponse::Ok();
     export_headers(&mut builder, format, head);
@@ -222,12 +220,7 @@ pub async fn create_job(
     let mut raw = RawParams::from_query(req.query_string())?;
     raw.merge_body(&body)?;
     let request = ExportRequest { format: raw.format()?, filter: raw.filter()? };
-    let job = st
-        .actors
-        .export_jobs
-        .send(CreateJob { owner: caller.username.clone(), request })
-        .await
-        .map_err(ApiError::internal)??;
+    let job = st.actors.export_jobs.create_job(caller.username.clone(), request).await?;
     Ok(HttpResponse::Accepted()
         .insert_header((header::LOCATION, format!("/dataexport/jobs/{}", job.id)))
         .json(job_json(&job)))
@@ -237,7 +230,7 @@ pub async fn get_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     caller.require(Role::ReadOnly)?;
     let id = path_param(&req, "id")?;
     let st = state(&req)?;
-    let job = st.actors.export_jobs.send(GetJob { id, caller }).await.map_err(ApiError::internal)??;
+    let job = st.actors.export_jobs.job(id, caller).await?;
     Ok(HttpResponse::Ok().json(job_json(&job)))
 }
 
@@ -245,7 +238,7 @@ pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     caller.require(Role::ReadOnly)?;
     let id = path_param(&req, "id")?;
     let st = state(&req)?;
-    let file = st.actors.export_jobs.send(JobDownload { id, caller }).await.map_err(ApiError::internal)??;
+    let file = st.actors.export_jobs.download(id, caller).await?;
     // The sweep may remove the file between the answer and the open: that is a 404 too.
     let handle = tokio::fs::File::open(&file.path)
         .await

@@ -77,7 +77,7 @@ fn record_sighting(req: &HttpRequest, state: &AppState, username: &str) {
         None if carries_body_client_id(req) => return,
         None => String::new(),
     };
-    let _ = state.actors.presence.try_send(crate::actors::presence::Seen {
+    state.actors.presence.seen(crate::actors::presence::Seen {
         username: username.to_string(),
         client_id,
         client_version: client_version_hint(req),

@@ -52,7 +52,7 @@ pub fn report_sync(
     cursor: Option<i64>,
 ) {
     let client_id = crate::http::extract::header_client_id(req).unwrap_or_else(|| body_client_id.to_string());
-    let _ = st.actors.presence.try_send(crate::actors::presence::Seen {
+    st.actors.presence.seen(crate::actors::presence::Seen {
         username: username.to_string(),
         client_id,
         client_version: crate::http::extract::client_version_hint(req),
@@ -85,7 +85,7 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
     let outcome = st
         .actors
         .change_log
-        .send(Push {
+        .push(Push {
             client_id: request.client_id,
             transmission_id: request.transmission_id,
             fingerprint,
@@ -94,8 +94,7 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
             pushed_by: caller.username.clone(),
             expected_generation: client_generation(&req, &body),
         })
-        .await
-        .map_err(|e| ApiError::internal(format!("change log unavailable: {e}")))??;
+        .await?;
     report_sync(&req, st, &caller.username, &client_id, Some(outcome.result.head));
     crate::monitoring::push_answered(dialect, outcome.result.items.len(), outcome.replayed);
     let result = &outcome.result;
