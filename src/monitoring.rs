@@ -1,5 +1,6 @@
-//! Prometheus metrics (API.md 14): one process-wide recorder, one-line hooks for the places that
-//! count things, and the values sampled when `/metrics` is scraped.
+//! Prometheus metrics (API.md 14): one process-wide recorder and one-line hooks for the places that
+//! count things. A leaf: it knows no state and runs no query; the values sampled when `/metrics`
+//! is scraped are read by the metrics handler and set through the gauges here.
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -8,7 +9,6 @@ use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::domain::sync::Dialect;
-use crate::state::AppState;
 
 const LATENCY_BUCKETS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
@@ -118,30 +118,19 @@ fn describe_defaults() {
     });
 }
 
-/// Values read at scrape time: pool state, and the head and active bundle from the database
-/// (shared by every process, so they are right whichever process committed last).
-pub async fn render(st: &AppState) -> String {
+/// The exposition text of everything recorded so far.
+pub fn render() -> String {
     describe_defaults();
-    let status = st.pool.status();
-    let busy = status.size.saturating_sub(status.available);
-    gauge!("synkronus_db_pool_connections", "state" => "idle").set(status.available as f64);
-    gauge!("synkronus_db_pool_connections", "state" => "busy").set(busy as f64);
-    let probe = async {
-        let db = st.pool.get().await.ok()?;
-        let row = db
-            .query_one("SELECT (SELECT head FROM change_head), (SELECT version FROM bundle_active)", &[])
-            .await
-            .ok()?;
-        Some((row.get::<_, i64>(0), row.get::<_, Option<String>>(1)))
-    };
-    if let Ok(Some((head, active))) = tokio::time::timeout(Duration::from_secs(2), probe).await {
-        changelog_head(head);
-        set_active_bundle(active);
-    }
     handle().render()
 }
 
-fn set_active_bundle(active: Option<String>) {
+pub fn db_pool_connections(idle: usize, busy: usize) {
+    gauge!("synkronus_db_pool_connections", "state" => "idle").set(idle as f64);
+    gauge!("synkronus_db_pool_connections", "state" => "busy").set(busy as f64);
+}
+
+/// Marks `active` as the active bundle version (and the one shown before as no longer active).
+pub fn set_active_bundle(active: Option<String>) {
     static SHOWN: Mutex<Option<String>> = Mutex::new(None);
     let Ok(mut shown) = SHOWN.lock() else { return };
     if *shown == active {

@@ -1,4 +1,4 @@
-//! What handlers share: configuration, the pool, the auth service and the actors' addresses.
+//! What handlers share: configuration, the pool, the auth service and the actors' handles.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -21,6 +21,7 @@ use deadpool_postgres::Pool;
 use serde_json::Value;
 
 use crate::db;
+use crate::db::formspecs::Registration;
 use crate::domain::bundle::{
     build_manifest, bundle_hash, declared_version_id, extract, validate_zip, version_id_candidates,
     version_id_from_time, BundleManifest, BundleRejection, Limits, ManifestFile, ValidatedBundle,
@@ -173,6 +174,52 @@ impl BundleStoreHandle {
     /// Makes `version` the active one.
     pub async fn activate(&self, version: String) -> ApiResult<SwitchOutcome> {
         super::ask(&self.0, "bundle store", Switch { version }).await
+    }
+
+    /// Registers a form spec sent through the API. The store is the one writer of `form_specs`
+    /// (activating a bundle registers its forms), so both kinds of registration take the bundle
+    /// lock and cannot interleave, in this process or another.
+    pub async fn register_form_spec(&self, spec: NewFormSpec) -> ApiResult<Registration> {
+        super::ask(&self.0, "bundle store", RegisterFormSpec(spec)).await
+    }
+}
+
+/// A form spec as the API receives it (API.md 11.1), already checked.
+#[derive(Debug, Clone)]
+pub struct NewFormSpec {
+    pub form_type: String,
+    pub version: String,
+    pub schema: Value,
+    pub uischema: Value,
+}
+
+struct RegisterFormSpec(NewFormSpec);
+
+impl Message for RegisterFormSpec {
+    type Result = ApiResult<Registration>;
+}
+
+impl Handler<RegisterFormSpec> for BundleStore {
+    type Result = ResponseFuture<ApiResult<Registration>>;
+
+    fn handle(&mut self, RegisterFormSpec(spec): RegisterFormSpec, _: &mut Context<Self>) -> Self::Result {
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let mut client = pool.get().await?;
+            let tx = client.transaction().await?;
+            db::bundles::lock(&tx).await?;
+            let registration = db::formspecs::register(
+                &tx,
+                &spec.form_type,
+                &spec.version,
+                &spec.schema,
+                &spec.uischema,
+                "api",
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(registration)
+        })
     }
 }
 

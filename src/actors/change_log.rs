@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::types::Json;
 
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
-use crate::db::records::{self, Head, RevisionBatch, CHANGELOG_LOCK};
+use crate::db::records::{self, Head, RevisionBatch};
 use crate::domain::sync::{empty_object, IncomingRecord, PushResult, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode, SharedError};
 
@@ -232,7 +232,7 @@ impl Handler<ResetRepository> for ChangeLog {
 async fn reset(pool: &Pool) -> ApiResult<Head> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    records::lock_change_log(&tx).await?;
     let head = records::reset_repository(&tx).await?;
     tx.commit().await?;
     Ok(head)
@@ -242,7 +242,7 @@ async fn reset(pool: &Pool) -> ApiResult<Head> {
 async fn commit_attachment(pool: &Pool, new: NewAttachment) -> ApiResult<AttachmentCommit> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    records::lock_change_log(&tx).await?;
     if let Some(existing) = attachments::find(&tx, &new.id).await? {
         if existing.sha256 == new.sha256 {
             return Ok(AttachmentCommit { row: existing, created: false });
@@ -322,7 +322,7 @@ enum Decision {
 async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOutcome>>> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    records::lock_change_log(&tx).await?;
     let Head { change_id: head, repository_generation } = records::head_and_generation(&tx).await?;
 
     let decisions = decide(&tx, pushes, repository_generation).await?;

@@ -160,14 +160,8 @@ impl AuthService {
             }
         }
         let db = pool.get().await?;
-        let row = db
-            .query_one(
-                "SELECT (SELECT token_generation FROM users WHERE id = $1),
-                        EXISTS (SELECT 1 FROM revoked_tokens WHERE jti = $2)",
-                &[&user_id, &jti],
-            )
-            .await?;
-        let check = CachedCheck { generation: row.get(0), revoked: row.get(1), fetched: Instant::now() };
+        let (generation, revoked) = crate::db::users::token_state(&db, user_id, jti).await?;
+        let check = CachedCheck { generation, revoked, fetched: Instant::now() };
         if self.checks.len() > 100_000 {
             self.checks.retain(|_, c| c.fetched.elapsed() < REVOCATION_CACHE_TTL);
         }

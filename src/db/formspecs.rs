@@ -59,7 +59,8 @@ fn summary_from_row(row: &Row) -> FormSpecSummary {
     }
 }
 
-/// Stores a spec unless its (formType, version) exists. Content is compared as jsonb, which
+/// Stores a spec unless its (formType, version) exists. Only the `BundleStore` calls this (and
+/// `register_bundle_forms`): it is the one writer of `form_specs`, under the bundle lock. Content is compared as jsonb, which
 /// ignores key order and formatting: the canonical-JSON comparison of API.md 11.1.
 pub async fn register(
     db: &impl GenericClient,

@@ -15,7 +15,7 @@ use crate::db::DbResult;
 use crate::domain::sync::{PushResult, StoredRecord};
 
 /// Serialises change_id allocation across server processes sharing one database.
-pub const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
+const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
 
 /// The JSON columns are read as text and kept raw (see `StoredRecord`).
 const RECORD_COLUMNS: &str = "id, form_type, form_version, data::text, deleted, created_at, updated_at, \
@@ -101,6 +101,13 @@ pub async fn pull_page(
 pub struct Head {
     pub change_id: i64,
     pub repository_generation: i64,
+}
+
+/// Takes the change log's transaction-scoped advisory lock: every commit that allocates change_ids
+/// holds it, so ids are assigned in commit order across every process sharing the database.
+pub async fn lock_change_log(db: &impl GenericClient) -> DbResult<()> {
+    db.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    Ok(())
 }
 
 pub async fn head(db: &impl GenericClient) -> DbResult<i64> {

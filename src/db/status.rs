@@ -1,4 +1,4 @@
-//! Counters for `GET /status`.
+//! Probes and counters: `GET /status`, the health checks, `/version` and the scrape-time metrics.
 
 use deadpool_postgres::GenericClient;
 
@@ -20,4 +20,24 @@ pub async fn counts(db: &impl GenericClient) -> DbResult<Counts> {
         head: row.get(1),
         active_bundle_version: row.get(2),
     })
+}
+
+/// A round trip that touches no table: is the database answering at all?
+pub async fn ping(db: &impl GenericClient) -> DbResult<()> {
+    db.batch_execute("SELECT 1").await?;
+    Ok(())
+}
+
+/// The server's `version()` string and the database name.
+pub async fn server_version(db: &impl GenericClient) -> DbResult<(String, String)> {
+    let row = db.query_one("SELECT version(), current_database()", &[]).await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// The change head and the active bundle version, shared by every process on this database.
+pub async fn head_and_active_bundle(db: &impl GenericClient) -> DbResult<(i64, Option<String>)> {
+    let row = db
+        .query_one("SELECT (SELECT head FROM change_head), (SELECT version FROM bundle_active)", &[])
+        .await?;
+    Ok((row.get(0), row.get(1)))
 }

@@ -282,6 +282,19 @@ pub async fn is_access_token_revoked(db: &impl GenericClient, jti: &str) -> DbRe
 }
 
 /// Housekeeping: forget denylisted tokens and refresh tokens that have expired anyway.
+/// What a token check needs in one round trip: the user's token generation (`None` when the user
+/// no longer exists) and whether this access token was revoked.
+pub async fn token_state(db: &impl GenericClient, user_id: Uuid, jti: &str) -> DbResult<(Option<i64>, bool)> {
+    let row = db
+        .query_one(
+            "SELECT (SELECT token_generation FROM users WHERE id = $1),
+                    EXISTS (SELECT 1 FROM revoked_tokens WHERE jti = $2)",
+            &[&user_id, &jti],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
 pub async fn purge_expired_tokens(db: &impl GenericClient) -> DbResult<()> {
     db.execute("DELETE FROM revoked_tokens WHERE expires_at < now()", &[]).await?;
     db.execute("DELETE FROM refresh_tokens WHERE expires_at < now() - interval '1 day'", &[]).await?;

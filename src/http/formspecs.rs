@@ -3,6 +3,7 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
 
+use crate::actors::bundle_store::NewFormSpec;
 use crate::db::formspecs::{self as db_specs, FormSpecRow, Registration};
 use crate::domain::formspec::{check_content, is_valid_identifier};
 use crate::domain::role::Role;
@@ -59,8 +60,13 @@ pub async fn create(
         let errors = problems.into_iter().map(|p| ItemProblem::new(p.path, p.code, p.message)).collect();
         return Err(ApiError::new(ErrorCode::ValidationFailed, message).with_errors(errors));
     }
-    let db = st.pool.get().await?;
-    match db_specs::register(&db, form_type, version, schema, uischema, "api").await? {
+    let spec = NewFormSpec {
+        form_type: form_type.to_string(),
+        version: version.to_string(),
+        schema: schema.clone(),
+        uischema: uischema.clone(),
+    };
+    match st.actors.bundles.register_form_spec(spec).await? {
         Registration::Created(spec) => Ok(HttpResponse::Created().json(spec_json(&spec))),
         Registration::Identical(spec) => Ok(HttpResponse::Ok().json(spec_json(&spec))),
         Registration::Conflict(_) => Err(ApiError::new(

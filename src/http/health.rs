@@ -30,7 +30,7 @@ pub async fn root(req: HttpRequest) -> HttpResponse {
 async fn database_answers(st: &AppState) -> bool {
     let probe = async {
         let db = st.pool.get().await.ok()?;
-        db.simple_query("SELECT 1").await.ok()
+        crate::db::status::ping(&db).await.ok()
     };
     matches!(tokio::time::timeout(Duration::from_secs(2), probe).await, Ok(Some(_)))
 }
@@ -63,11 +63,10 @@ pub async fn version(req: HttpRequest) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
     let probe = async {
         let db = st.pool.get().await.ok()?;
-        let row = db.query_one("SELECT version(), current_database()", &[]).await.ok()?;
-        let full: String = row.get(0);
+        let (full, name) = crate::db::status::server_version(&db).await.ok()?;
         // "PostgreSQL 15.18 (Debian ...) on x86_64..." -> "PostgreSQL 15.18"
         let short = full.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
-        Some((short, row.get::<_, String>(1)))
+        Some((short, name))
     };
     let (db_version, db_name) = tokio::time::timeout(Duration::from_secs(2), probe)
         .await

@@ -1,6 +1,6 @@
 //! `GET /metrics` (API.md 14) and the middleware that counts and times every request.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -11,6 +11,8 @@ use actix_web::{web, Error, HttpRequest, HttpResponse};
 use crate::domain::role::Role;
 use crate::error::ApiResult;
 use crate::http::extract::{authenticate, state};
+use crate::monitoring;
+use crate::state::AppState;
 
 /// Labels requests by route template, the same for all three prefixes, so that ids in paths do
 /// not become series.
@@ -49,8 +51,22 @@ pub async fn metrics(req: HttpRequest) -> ApiResult<HttpResponse> {
 
 /// The METRICS_PORT listener's handler: no authentication.
 pub async fn exposition(req: HttpRequest) -> ApiResult<HttpResponse> {
-    let text = crate::monitoring::render(state(&req)?).await;
+    sample(state(&req)?).await;
+    let text = crate::monitoring::render();
     Ok(HttpResponse::Ok().insert_header((header::CONTENT_TYPE, "text/plain; version=0.0.4")).body(text))
+}
+
+/// Values read at scrape time: pool state, and the head and active bundle from the database
+/// (shared by every process, so they are right whichever process committed last). A database that
+/// does not answer within 2 s leaves the last values in place rather than failing the scrape.
+async fn sample(st: &AppState) {
+    let status = st.pool.status();
+    monitoring::db_pool_connections(status.available, status.size.saturating_sub(status.available));
+    let probe = async { crate::db::status::head_and_active_bundle(&st.pool.get().await.ok()?).await.ok() };
+    if let Ok(Some((head, active))) = tokio::time::timeout(Duration::from_secs(2), probe).await {
+        monitoring::changelog_head(head);
+        monitoring::set_active_bundle(active);
+    }
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
