@@ -1,7 +1,9 @@
 //! The `AttachmentStore` actor owns attachment files: it moves staged uploads into the
 //! content-addressed blob store and records them through the ChangeLog, and it builds the cached
 //! image variants. Handlers stream request bodies into a `Staged` temp file themselves (the
-//! payload belongs to the request), and read finished blobs straight from disk.
+//! payload belongs to the request), and read finished blobs straight from disk. It is the only
+//! code that deletes attachment files: a repository reset goes through it, serialised with every
+//! upload, so no upload can commit a row whose file the reset then removes.
 //!
 //! Layout under ATTACHMENTS_PATH: `tmp/` (uploads in flight), `blobs/<aa>/<sha256>` (immutable
 //! content, named by its hash, so racing uploads with different bytes never touch the same file)
@@ -18,10 +20,11 @@ use deadpool_postgres::Pool;
 use futures_util::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, RwLock, Semaphore};
 
 use crate::actors::change_log::{AttachmentCommit, ChangeLogHandle};
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
+use crate::db::records::Head;
 use crate::domain::attachment::{scaled_size, Quality};
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
@@ -151,6 +154,12 @@ impl AttachmentStoreHandle {
     pub async fn variant(&self, sha256: String, quality: Quality) -> ApiResult<Option<PathBuf>> {
         super::ask(&self.0, "attachment store", Variant { sha256, quality }).await
     }
+
+    /// Empties the repository (through the change log) and then deletes every attachment file,
+    /// with no upload or resize running in between (API.md 17.3).
+    pub async fn reset_repository(&self) -> ApiResult<Head> {
+        super::ask(&self.0, "attachment store", ResetRepository).await
+    }
 }
 
 pub struct AttachmentStore {
@@ -158,6 +167,11 @@ pub struct AttachmentStore {
     change_log: ChangeLogHandle,
     paths: BlobPaths,
     resizes: Arc<Semaphore>,
+    /// Held shared by each upload (from its first look at the table until its row is committed)
+    /// and each resize, and exclusively by a reset (from its commit until the files are gone).
+    /// Fair: work arriving during a reset waits for it. It orders this process only; the reset
+    /// of another process sharing the folder is not covered (each node has its own disk today).
+    files: Arc<RwLock<()>>,
 }
 
 impl AttachmentStore {
@@ -170,6 +184,7 @@ impl AttachmentStore {
             change_log,
             paths,
             resizes: Arc::new(Semaphore::new(MAX_CONCURRENT_RESIZES)),
+            files: Arc::new(RwLock::new(())),
         })
     }
 
@@ -233,7 +248,9 @@ impl Handler<Store> for AttachmentStore {
 
     fn handle(&mut self, msg: Store, _: &mut Self::Context) -> Self::Result {
         let (pool, change_log, paths) = (self.pool.clone(), self.change_log.clone(), self.paths.clone());
+        let files = self.files.clone();
         Box::pin(async move {
+            let _no_reset = files.read_owned().await;
             // Answers the common retry without touching the blob store; the ChangeLog commit below
             // still decides every race.
             let existing = attachments::find(&pool.get().await?, &msg.id).await?;
@@ -275,8 +292,9 @@ impl Handler<Variant> for AttachmentStore {
     type Result = ResponseFuture<ApiResult<Option<PathBuf>>>;
 
     fn handle(&mut self, msg: Variant, _: &mut Self::Context) -> Self::Result {
-        let (paths, resizes) = (self.paths.clone(), self.resizes.clone());
+        let (paths, resizes, files) = (self.paths.clone(), self.resizes.clone(), self.files.clone());
         Box::pin(async move {
+            let _no_reset = files.read_owned().await;
             let dest = paths.variant(&msg.sha256, msg.quality);
             if tokio::fs::try_exists(&dest).await.unwrap_or(false) {
                 return Ok(Some(dest));
@@ -295,6 +313,46 @@ impl Handler<Variant> for AttachmentStore {
                 None
             }))
         })
+    }
+}
+
+/// Empties the repository and removes the attachment files, as one step for uploads.
+struct ResetRepository;
+
+impl Message for ResetRepository {
+    type Result = ApiResult<Head>;
+}
+
+impl Handler<ResetRepository> for AttachmentStore {
+    type Result = ResponseFuture<ApiResult<Head>>;
+
+    fn handle(&mut self, _: ResetRepository, _: &mut Self::Context) -> Self::Result {
+        let (change_log, paths, files) = (self.change_log.clone(), self.paths.clone(), self.files.clone());
+        Box::pin(async move {
+            let _exclusive = files.write_owned().await;
+            let head = change_log.reset_repository().await?;
+            // Files go only after the commit: a failed reset must not lose attachments still
+            // referenced.
+            remove_files(&paths.root).await;
+            Ok(head)
+        })
+    }
+}
+
+/// Removes stored attachment content and resized copies; uploads in flight (`tmp/`) are left alone.
+async fn remove_files(root: &Path) {
+    for dir in ["blobs", "variants"] {
+        let path = root.join(dir);
+        match tokio::fs::remove_dir_all(&path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "could not remove attachment data after reset")
+            }
+        }
+        if let Err(e) = tokio::fs::create_dir_all(&path).await {
+            tracing::warn!(error = %e, path = %path.display(), "could not recreate attachment folder after reset");
+        }
     }
 }
 

@@ -113,7 +113,8 @@ impl ChangeLogHandle {
         super::ask(&self.0, "change log", CommitAttachment(new)).await
     }
 
-    /// Empties the repository and raises its generation, ordered with every commit.
+    /// Empties the repository and raises its generation, ordered with every commit. Only the
+    /// `AttachmentStore` calls this: the reset also deletes attachment files, which it owns.
     pub async fn reset_repository(&self) -> ApiResult<Head> {
         super::ask(&self.0, "change log", ResetRepository).await
     }

@@ -27,9 +27,8 @@ pub async fn reset_repository(
         ))
         .with_path("/confirm"));
     }
-    let head = st.actors.change_log.reset_repository().await?;
-    // Files go only after the commit: a failed reset must not lose attachments still referenced.
-    remove_attachment_files(&st.config.attachments_path).await;
+    // Through the attachment store: it deletes the files, and no upload commits in between.
+    let head = st.actors.attachments.reset_repository().await?;
     tracing::warn!(admin = %caller.username, generation = head.repository_generation, head = head.change_id,
         "repository reset: observations, history and attachments deleted");
     let mut res = HttpResponse::Ok().json(json!({
@@ -39,23 +38,6 @@ pub async fn reset_repository(
     }));
     res.headers_mut().insert(X_REPOSITORY_GENERATION.clone(), HeaderValue::from(head.repository_generation));
     Ok(res)
-}
-
-/// Removes stored attachment content and resized copies; uploads in flight (`tmp/`) are left alone.
-async fn remove_attachment_files(root: &std::path::Path) {
-    for dir in ["blobs", "variants"] {
-        let path = root.join(dir);
-        match tokio::fs::remove_dir_all(&path).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(error = %e, path = %path.display(), "could not remove attachment data after reset")
-            }
-        }
-        if let Err(e) = tokio::fs::create_dir_all(&path).await {
-            tracing::warn!(error = %e, path = %path.display(), "could not recreate attachment folder after reset");
-        }
-    }
 }
 
 pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {

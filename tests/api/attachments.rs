@@ -773,3 +773,70 @@ async fn export_zip_holds_every_attachment() {
         assert!(got == *bytes, "{id}");
     }
 }
+
+/// A repository reset and an upload that commits around it: the upload's row and its file live
+/// or go together (API.md 17.3). The test stalls the reset's commit inside the database (a lock
+/// on a table only the reset writes), starts an upload while it waits, and lets the reset go only
+/// once the upload has stored its file or has been held back. A store that deletes files after
+/// the reset without ordering it with uploads fails this every time: the upload's file is gone
+/// while its row, committed after the reset, stays.
+#[actix_web::test]
+async fn an_upload_racing_a_repository_reset_keeps_its_file() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let (db, connection) = tokio_postgres::connect(&app.db_conn, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    actix_web::rt::spawn(connection);
+    db.batch_execute("BEGIN; LOCK TABLE record_revisions IN ACCESS EXCLUSIVE MODE").await.expect("lock");
+
+    let reset = {
+        let (client, url, token) = (app.client.clone(), app.url("/admin/repository/reset"), admin.clone());
+        actix_web::rt::spawn(async move {
+            let res =
+                client.post(url).bearer_auth(token).json(&json!({"confirm": "RESET_REPOSITORY"})).send();
+            res.await.expect("reset").status()
+        })
+    };
+    let waiting =
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'record_revisions'::regclass";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while db.query_one(waiting, &[]).await.expect("pg_locks").get::<_, i64>(0) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the reset never reached the database");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let bytes = random_bytes(10_000);
+    let upload = {
+        let (client, url, token, body) =
+            (app.client.clone(), app.url("/attachments/during-reset.bin"), admin.clone(), bytes.clone());
+        actix_web::rt::spawn(async move {
+            let res = client.put(url).bearer_auth(token).body(body).send().await.expect("upload");
+            let status = res.status();
+            (status, res.json::<Value>().await.unwrap_or(Value::Null))
+        })
+    };
+    // Unordered, the upload stores its file at once and queues its row behind the reset; ordered,
+    // it waits for the reset and no file appears. Either way it has got there within 2 s.
+    let hash = sha(&bytes);
+    let blob = app.data_root.path().join("attachments").join("blobs").join(&hash[..2]).join(&hash);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while !blob.exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    db.batch_execute("COMMIT").await.expect("unlock");
+
+    assert_eq!(reset.await.expect("reset task"), StatusCode::OK);
+    let (status, body) = upload.await.expect("upload task");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ids: Vec<Value> = manifest(&app, &admin, "").await["operations"]
+        .as_array()
+        .expect("ops")
+        .iter()
+        .map(|o| o["attachment_id"].clone())
+        .collect();
+    assert_eq!(ids, vec![json!("during-reset.bin")], "the upload committed after the reset");
+    let (status, _, stored) = get_bytes(&app, &admin, "/attachments/during-reset.bin").await;
+    assert_eq!(status, StatusCode::OK, "a listed attachment has its file");
+    assert!(stored == bytes, "the stored file is the uploaded one");
+}
