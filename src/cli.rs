@@ -80,7 +80,6 @@ async fn user_command(
     use crate::db::users;
     use crate::domain::user as rules;
     let auth = crate::auth::AuthService::new(&config.jwt_secret, config.jwt_ttl, config.refresh_ttl)?;
-    let err = |e: crate::error::ApiError| anyhow::anyhow!("{}", e.message);
     match cmd {
         UserCommand::Create { username, password, role, email } => {
             rules::validate_username(&username).map_err(|p| anyhow::anyhow!(p.0))?;
@@ -88,7 +87,7 @@ async fn user_command(
             if !rules::is_strong_enough(&password) {
                 anyhow::bail!("password must be 8 to 72 bytes long");
             }
-            let hash = auth.hash_password(password).await.map_err(err)?;
+            let hash = auth.hash_password(password).await?;
             let db = pool.get().await?;
             users::insert(&db, &username, email.as_deref(), &hash, role).await?;
             println!("created user '{username}' ({role})");
@@ -101,7 +100,7 @@ async fn user_command(
             let user = users::find_by_username(&db, &username)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("no user named '{username}'"))?;
-            let hash = auth.hash_password(password).await.map_err(err)?;
+            let hash = auth.hash_password(password).await?;
             users::set_password(&mut db, user.id, &hash).await?;
             println!("password of '{username}' reset; their tokens are revoked");
         }
