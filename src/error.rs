@@ -395,3 +395,53 @@ impl From<actix_web::error::BlockingError> for ApiError {
         ApiError::internal(e)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::sync::decode::decode_push;
+
+    fn io_cause() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused")
+    }
+
+    #[test]
+    fn each_db_error_kind_has_one_status() {
+        let unavailable = ApiError::from(DbError::Unavailable(Box::new(io_cause())));
+        assert_eq!(unavailable.code, ErrorCode::ServiceUnavailable);
+        assert!(unavailable.details.headers.iter().any(|(name, v)| name == header::RETRY_AFTER && v == "5"));
+        let taken = ApiError::from(DbError::Conflict(Conflict::UsernameTaken("ana".into())));
+        assert_eq!(
+            (taken.code, taken.message.as_str()),
+            (ErrorCode::Conflict, "Username 'ana' is already taken")
+        );
+        assert_eq!(ApiError::from(DbError::Conflict(Conflict::LastAdmin)).code, ErrorCode::LastAdmin);
+        assert_eq!(ApiError::from(DbError::other("broken")).code, ErrorCode::Internal);
+    }
+
+    #[test]
+    fn the_cause_chain_survives_to_the_log() {
+        let e = ApiError::from(DbError::Unavailable(Box::new(io_cause())));
+        assert_eq!(e.cause_chain(), "database unavailable: connection refused");
+        let source = std::error::Error::source(&e).expect("a source");
+        assert!(source.downcast_ref::<DbError>().is_some_and(DbError::is_unavailable));
+        // A shared cause (one failed group commit answering several pushes) keeps the chain too.
+        let shared = SharedError::new(e);
+        let copy = ApiError::internal(shared.clone());
+        assert_eq!(
+            copy.cause_chain(),
+            "SERVICE_UNAVAILABLE: Service temporarily unavailable: database unavailable: connection refused"
+        );
+        assert_eq!(ApiError::of(ErrorCode::NotFound).cause_chain(), "");
+    }
+
+    #[test]
+    fn decode_errors_map_to_their_codes() {
+        let e = ApiError::from(decode_push(&serde_json::json!([])).expect_err("not an object"));
+        assert_eq!(e.code, ErrorCode::BadRequest);
+        let body = serde_json::json!({"transmission_id": "t", "client_id": "c", "records": [{"data": 1}]});
+        let e = ApiError::from(decode_push(&body).expect_err("bad record"));
+        assert_eq!(e.code, ErrorCode::ValidationFailed);
+        assert!(!e.errors().is_empty());
+    }
+}
