@@ -200,7 +200,7 @@ pub async fn data_export(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Http
 ///
 /// Role: read-only or above.
 ///
-/// One JSON file per non-deleted observation (API.md 17.8); `include_deleted` does not apply.
+/// One JSON file per non-deleted observation (docs/api.md §17.8); `include_deleted` does not apply.
 #[utoipa::path(get, path = "/dataexport/raw-json", tag = "export", params(("form_type" = Option<String>, Query, description = "Form types, comma-separated or repeated"), ("since_change_id" = Option<String>, Query, description = "Only records changed after this change_id"),
         ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("format" = Option<String>, Query, description = "parquet, json or csv")),
     responses((status = 200, body = Binary, content_type = "application/zip"), (status = 400)),
