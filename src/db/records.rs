@@ -362,7 +362,12 @@ pub async fn write_revisions(
         superseded[i] = true;
     }
     let current = (0..b.change_id.len()).filter(|&i| !superseded[i]);
-    stats::count_changes(db, overwritten_ids, current.map(|i| (b.form_type[i], b.created_at[i], b.deleted[i]))).await?;
+    stats::count_changes(
+        db,
+        overwritten_ids,
+        current.map(|i| (b.form_type[i], b.created_at[i], b.deleted[i])),
+    )
+    .await?;
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
         (0..b.change_id.len()).filter(|&i| !superseded[i]).partition(|&i| stored.contains(b.record_id[i]));

@@ -58,10 +58,16 @@ enum Op {
 const IDS: usize = 6;
 const FORM_TYPES: [&str; 3] = ["household", "person", ""];
 /// Far apart days: a span over a year switches the timeline to weeks.
-const DAYS: [&str; 4] = ["2025-06-01T08:00:00Z", "2025-06-01T23:59:59+00:00", "2025-06-03T10:00:00+02:00", "2023-01-02T00:00:00Z"];
+const DAYS: [&str; 4] = [
+    "2025-06-01T08:00:00Z",
+    "2025-06-01T23:59:59+00:00",
+    "2025-06-03T10:00:00+02:00",
+    "2023-01-02T00:00:00Z",
+];
 
 fn op() -> impl Strategy<Value = Op> {
-    let rec = (0..IDS, 0..FORM_TYPES.len(), proptest::option::of(0..DAYS.len()), proptest::bool::weighted(0.3));
+    let rec =
+        (0..IDS, 0..FORM_TYPES.len(), proptest::option::of(0..DAYS.len()), proptest::bool::weighted(0.3));
     let push = proptest::collection::vec(rec, 0..5);
     prop_oneof![
         8 => proptest::collection::vec(push, 1..4).prop_map(Op::Pushes),
@@ -92,7 +98,12 @@ fn push_body(records: &[Rec], n: usize) -> Value {
 async fn run_case(app: &TestApp, admin: &str, ops: &[Op]) -> Result<(), String> {
     let db = db(app).await;
     let (status, body) = app
-        .call(Method::POST, "/admin/repository/reset", Some(admin), Some(json!({"confirm": "RESET_REPOSITORY"})))
+        .call(
+            Method::POST,
+            "/admin/repository/reset",
+            Some(admin),
+            Some(json!({"confirm": "RESET_REPOSITORY"})),
+        )
         .await;
     if status != StatusCode::OK {
         return Err(format!("reset: {status} {body}"));
@@ -168,8 +179,12 @@ async fn run_case(app: &TestApp, admin: &str, ops: &[Op]) -> Result<(), String> 
         .iter()
         .map(|t| (t["formType"].as_str().unwrap_or_default().to_string(), t["count"].as_i64().unwrap_or(-1)))
         .collect();
-    let bucketed: i64 =
-        stats["timeline"]["buckets"].as_array().ok_or("buckets")?.iter().filter_map(|b| b["count"].as_i64()).sum();
+    let bucketed: i64 = stats["timeline"]["buckets"]
+        .as_array()
+        .ok_or("buckets")?
+        .iter()
+        .filter_map(|b| b["count"].as_i64())
+        .sum();
     if stats["totalCount"] != live || shown != per_type || bucketed != dated {
         return Err(format!("stats {stats} for the full count {full:?}"));
     }
@@ -222,8 +237,14 @@ async fn live_observations_are_counted_per_type_and_day() {
         rec("c1", "", "2025-06-04T12:00:00Z", false),
         rec("d1", "person", "2025-05-01T00:00:00Z", true),
     ]);
-    let (status, body) =
-        app.call(Method::POST, "/sync/push", Some(&admin), Some(json!({"client_id": "c", "transmission_id": "t1", "records": records}))).await;
+    let (status, body) = app
+        .call(
+            Method::POST,
+            "/sync/push",
+            Some(&admin),
+            Some(json!({"client_id": "c", "transmission_id": "t1", "records": records})),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 
     let (status, body) = app.call(Method::GET, "/stats/observations", Some(&admin), None).await;
@@ -252,8 +273,14 @@ async fn live_observations_are_counted_per_type_and_day() {
 
     // A span of a year or more switches to ISO weeks (Mondays), still dense.
     let old = json!([rec("old", "person", "2024-06-03T09:00:00Z", false)]);
-    let (status, _) =
-        app.call(Method::POST, "/sync/push", Some(&admin), Some(json!({"client_id": "c", "transmission_id": "t2", "records": old}))).await;
+    let (status, _) = app
+        .call(
+            Method::POST,
+            "/sync/push",
+            Some(&admin),
+            Some(json!({"client_id": "c", "transmission_id": "t2", "records": old})),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK);
     let (_, body) = app.call(Method::GET, "/stats/observations", Some(&admin), None).await;
     let t = &body["timeline"];
@@ -304,7 +331,8 @@ async fn recount_counts_rows_written_by_hand() {
 
     let (_, body) = app.call(Method::GET, "/stats/observations", Some(&admin), None).await;
     assert_eq!(body["totalCount"], 900);
-    let bucketed: i64 = body["timeline"]["buckets"].as_array().unwrap().iter().map(|b| b["count"].as_i64().unwrap()).sum();
+    let bucketed: i64 =
+        body["timeline"]["buckets"].as_array().unwrap().iter().map(|b| b["count"].as_i64().unwrap()).sum();
     let undated_live = (1..=1000).filter(|g| g % 7 == 0 && g % 10 != 0).count() as i64;
     assert_eq!(bucketed, 900 - undated_live, "rows without a creation date are in no bucket");
     let (_, status) = app.call(Method::GET, "/status", Some(&admin), None).await;

@@ -84,14 +84,15 @@ async fn seed(ctx: &Arc<Ctx>, db: &Client, a: &StatsArgs) -> Result<()> {
     let mut done = 0;
     while done < a.seed_rows {
         let n = SEED_CHUNK.min(a.seed_rows - done);
+        let (first, last) = (done + 1, done + n);
         let sql = format!(
             "BEGIN;
              SELECT pg_advisory_xact_lock({CHANGELOG_LOCK});
              INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
                                   change_id, created_by)
              SELECT 'load_{run}_' || g, 'form_' || (g % {types}), '1', json_build_object('n', g), g % 20 = 0,
-                    t, t, now(), h.head + g, 'load'
-             FROM (SELECT head FROM change_head) h, generate_series(1, {n}) g,
+                    t, t, now(), h.head + g - {done}, 'load'
+             FROM (SELECT head FROM change_head) h, generate_series({first}::bigint, {last}) g,
                   LATERAL (SELECT timestamptz '2023-01-01' + ((g * 7919) % 1096) * interval '1 day'
                                   + (g % 86400) * interval '1 second' AS t) c;
              UPDATE change_head SET head = head + {n};
