@@ -4,7 +4,10 @@
 // docs/screenshots/.
 import { test, before, after, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFile, mkdir } from 'node:fs/promises';
+import { readFile, mkdir, mkdtemp, chmod, rm } from 'node:fs/promises';
+import { spawn } from 'node:child_process';
+import { createServer } from 'node:net';
+import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -121,7 +124,7 @@ afterEach(() => {
   assert.deepEqual(errors, [], 'the page raised JavaScript errors');
 });
 
-async function newPage(viewport = { width: 1280, height: 900 }) {
+async function newPage(viewport = { width: 1280, height: 900 }, origin = BASE) {
   const context = await browser.newContext({ viewport, acceptDownloads: true });
   contexts.push(context);
   const page = await context.newPage();
@@ -132,7 +135,7 @@ async function newPage(viewport = { width: 1280, height: 900 }) {
   });
   page.on('request', (r) => {
     const url = r.url();
-    if (!url.startsWith(BASE) && !url.startsWith('blob:') && !url.startsWith('data:')) foreignRequests.push(url);
+    if (!url.startsWith(origin) && !url.startsWith('blob:') && !url.startsWith('data:')) foreignRequests.push(url);
   });
   return page;
 }
@@ -507,4 +510,119 @@ test('the overview chart keeps whole axis labels at ten million observations', a
     assert.ok(ticks.some((t) => /^\d{1,2},\d{3},\d{3}$/.test(t)), ticks.join(' | '));
     await shot(page, viewport.width < 500 ? 'overview-large-counts-mobile' : 'overview-large-counts');
   }
+});
+
+/** A free TCP port on the loopback interface. */
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/**
+ * A second server on its own embedded database, started as an operator would on a first run:
+ * no ADMIN_USERNAME or ADMIN_PASSWORD, so the initial admin is admin/admin.
+ */
+async function startFreshServer() {
+  const bin = process.env.SYNKRONUS_BIN;
+  if (!bin) throw new Error('run these tests through portal-tests/run.sh');
+  // Under /tmp and readable by others: as root, the embedded cluster runs as the postgres user.
+  const data = await mkdtemp('/tmp/synkronus-portal-fresh-');
+  await chmod(data, 0o755);
+  const port = await freePort();
+  const env = { ...process.env, DATA_ROOT: data, PORT: String(port), BIND_ADDRESS: '127.0.0.1',
+    JWT_SECRET: randomBytes(32).toString('hex'), LOG_LEVEL: 'warn', RATE_LIMIT_LOGIN_PER_MIN: '0' };
+  delete env.ADMIN_USERNAME;
+  delete env.ADMIN_PASSWORD;
+  const child = spawn(bin, ['serve'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  for (const stream of [child.stdout, child.stderr]) {
+    stream.on('data', (chunk) => {
+      log += chunk;
+    });
+  }
+  const exited = new Promise((resolve) => child.on('exit', resolve));
+  const base = `http://127.0.0.1:${port}`;
+  const stop = async () => {
+    if (child.exitCode === null) child.kill('SIGTERM');
+    await exited;
+    await rm(data, { recursive: true, force: true });
+  };
+  for (let i = 0; ; i += 1) {
+    try {
+      if ((await fetch(`${base}/ready`)).ok) break;
+    } catch {
+      // Not listening yet.
+    }
+    if (child.exitCode !== null || i > 240) {
+      await stop();
+      throw new Error(`the second server did not start:\n${log}`);
+    }
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  return { base, stop, log: () => log };
+}
+
+test('an admin still on the shipped password is asked on every page to change it', async () => {
+  const fresh = await startFreshServer();
+  try {
+    const page = await newPage(undefined, fresh.base);
+    const banner = page.locator('#default-password');
+    await page.goto(`${fresh.base}/portal/`);
+    await page.getByLabel('User name').fill('admin');
+    await page.getByLabel('Password').fill('admin');
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await banner.waitFor();
+    assert.match(await banner.textContent(), /still has the default password/);
+    await page.locator('#observation-count').waitFor();
+    // An empty repository: the overview says so, and shows nothing it has no data for.
+    await page.getByText('No observations yet.').waitFor();
+    assert.equal(await page.locator('#main').getByText('null', { exact: true }).count(), 0);
+    await shot(page, 'default-password');
+
+    // It stays above every page, and its link leads to the password change.
+    await go(page, '#/users');
+    await banner.waitFor();
+    await banner.getByRole('link', { name: 'choose a new password in My account' }).click();
+    await page.waitForFunction(() => location.hash === '#/account');
+    await page.getByRole('heading', { name: 'Change password' }).waitFor();
+    await page.getByLabel('Current password').fill('admin');
+    await page.getByLabel('New password').fill('a-much-better-password-42');
+    await page.getByRole('button', { name: 'Change password' }).click();
+
+    // The change ends the session; signed in with the new password, the banner is gone.
+    await page.getByRole('heading', { name: 'Sign in' }).waitFor();
+    assert.equal(await banner.count(), 0);
+    await page.getByLabel('User name').fill('admin');
+    await page.getByLabel('Password').fill('a-much-better-password-42');
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await page.getByRole('button', { name: 'Sign out' }).waitFor();
+    await go(page, '#/overview');
+    await page.locator('#observation-count').waitFor();
+    const me = await page.evaluate(async () => {
+      const { token } = JSON.parse(sessionStorage.getItem('synkronus.portal.session'));
+      const res = await fetch('../auth/me', { headers: { Authorization: `Bearer ${token}` } });
+      return (await res.json()).data;
+    });
+    assert.equal(me.default_password, false);
+    assert.equal(await banner.count(), 0);
+
+    // The server said so once, at its start, not at each of these sign-ins.
+    assert.equal(fresh.log().match(/default password/g)?.length, 1, fresh.log());
+  } finally {
+    await fresh.stop();
+  }
+});
+
+test('an admin with a password of their own sees no banner', async () => {
+  const page = await newPage();
+  await signIn(page);
+  await page.locator('#observation-count').waitFor();
+  await page.evaluate(() => new Promise((r) => setTimeout(r, 300)));
+  assert.equal(await page.locator('#default-password').count(), 0);
 });

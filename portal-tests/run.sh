@@ -30,6 +30,8 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 export PORTAL_BASE_URL="http://127.0.0.1:$port"
+# Tests that need a server of their own (for example one still on the shipped admin password).
+export SYNKRONUS_BIN="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
 # Short-lived access tokens, so that the tests see the portal refresh them.
 export PORTAL_JWT_TTL=20
 status=0

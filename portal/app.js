@@ -28,6 +28,7 @@ if (location.pathname + '/' === base.pathname || location.pathname === `${base.p
 const main = document.getElementById('main');
 const nav = document.getElementById('nav');
 const who = document.getElementById('who');
+const notices = document.getElementById('notices');
 // What the page on screen started (timers, pollers) and has to stop when it goes.
 let cleanup = null;
 // Raised by every navigation and sign-out. A render that was still awaiting its data when the
@@ -107,12 +108,40 @@ async function route() {
   announce(`${r.title} loaded`);
 }
 
+/**
+ * Asks the signed-in user, above every page, to replace the shipped password while the server
+ * says they still have it (GET /auth/me, docs/api.md §6.5). Checked once per sign-in; changing
+ * the password ends the session, and the next sign-in checks again.
+ */
+async function checkDefaultPassword() {
+  notices.replaceChildren();
+  const user = api.currentUser();
+  if (!user) return;
+  let me;
+  try {
+    me = (await api.get('auth/me')).data;
+  } catch {
+    return; // Advice only: a failed check shows nothing, and the page shows its own errors.
+  }
+  // Signed out, or signed in as somebody else, while the answer was on its way.
+  if (api.currentUser()?.id !== me.id || !me.default_password) return;
+  notices.replaceChildren(
+    h('div', { class: 'banner', role: 'alert', id: 'default-password' },
+      h('p', {},
+        h('strong', {}, `The ${me.username} account still has the default password.`),
+        ' Anyone who knows it can sign in as this admin: ',
+        h('a', { href: '#/account' }, 'choose a new password in My account'),
+        '.')),
+  );
+}
+
 function signIn() {
   document.body.classList.add('signed-out');
   nav.replaceChildren();
   who.replaceChildren();
   document.title = 'Sign in · Synkronus';
   main.removeAttribute('aria-busy');
+  notices.replaceChildren();
   const username = h('input', { id: 'username', name: 'username', autocomplete: 'username', required: true });
   const password = h('input', { id: 'password', name: 'password', type: 'password', autocomplete: 'current-password', required: true });
   const slot = h('div', { 'aria-live': 'assertive' });
@@ -152,6 +181,7 @@ api.onSessionChange((session, reason) => {
     if (!document.body.classList.contains('signed-out')) return;
     signedOutReason = '';
     route();
+    checkDefaultPassword();
   } else {
     signedOutReason = reason || '';
     leavePage();
@@ -165,3 +195,4 @@ document.getElementById('skip').addEventListener('click', (e) => {
 });
 window.addEventListener('hashchange', route);
 route();
+checkDefaultPassword();

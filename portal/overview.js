@@ -73,7 +73,7 @@ export async function render(main) {
           : h('p', { class: 'empty' }, 'No observations yet.'),
         o.byFormType.length
           ? barChart('Observations by form type', o.byFormType.map((f) => ({ label: f.formType, count: f.count })))
-          : null,
+          : '', // Not null: replaceChildren would show it as the text "null".
       );
     }
 

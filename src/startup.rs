@@ -18,6 +18,7 @@ use crate::db;
 use crate::db::embedded::EmbeddedPostgres;
 use crate::db::supervision::Supervisor;
 use crate::domain::role::Role;
+use crate::domain::user::{DEFAULT_ADMIN_PASSWORD, DEFAULT_ADMIN_USERNAME};
 use crate::http;
 use crate::state::AppState;
 
@@ -202,7 +203,8 @@ impl Application {
     }
 }
 
-/// Creates the initial admin when the user table is empty, and warns while the default password works.
+/// Creates the initial admin when the user table is empty, and warns while the default password
+/// works: here, once per start, and nowhere else (the portal tells that admin on every page).
 async fn bootstrap_admin(
     config: &Config,
     pool: &deadpool_postgres::Pool,
@@ -216,6 +218,8 @@ async fn bootstrap_admin(
         match db::users::insert(&db, &config.admin_username, None, &hash, Role::Admin).await {
             Ok(_) => {
                 created = true;
+                // Known without a bcrypt run: the hash was just made from the configured password.
+                auth.remember_default_password(&hash, config.admin_password == DEFAULT_ADMIN_PASSWORD);
                 tracing::info!(username = %config.admin_username, "created the initial admin")
             }
             // Another process bootstrapped at the same moment.
@@ -223,14 +227,11 @@ async fn bootstrap_admin(
             Err(e) => return Err(anyhow::Error::new(e).context("cannot create the initial admin")),
         }
     }
-    // Just created, the only user has the configured password: no need for a bcrypt run to know.
     let default_works = if created {
         config.uses_default_admin_password()
     } else {
-        match db::users::find_by_username(&db, "admin").await? {
-            Some(admin) => {
-                auth.verify_password("admin".into(), Some(admin.password_hash)).await.unwrap_or(false)
-            }
+        match db::users::find_by_username(&db, DEFAULT_ADMIN_USERNAME).await? {
+            Some(admin) => auth.is_default_password(&admin.password_hash).await.unwrap_or(false),
             None => false,
         }
     };

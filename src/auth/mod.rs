@@ -4,6 +4,7 @@
 pub mod rate_limit;
 pub mod user_rate;
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -18,6 +19,7 @@ use uuid::Uuid;
 
 use crate::db::users::UserRow;
 use crate::domain::role::Role;
+use crate::domain::user::DEFAULT_ADMIN_PASSWORD;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
 /// bcrypt cost required by API.md 7.1.
@@ -81,6 +83,9 @@ pub struct AuthService {
     pub access_ttl: Duration,
     pub refresh_ttl: Duration,
     checks: DashMap<String, CachedCheck>,
+    /// The last password hash compared with the shipped default password, and the answer: one
+    /// bcrypt run costs a quarter of a second, and a hash only changes with its password.
+    default_password_check: Mutex<Option<(String, bool)>>,
 }
 
 impl AuthService {
@@ -96,6 +101,7 @@ impl AuthService {
             access_ttl,
             refresh_ttl,
             checks: DashMap::new(),
+            default_password_check: Mutex::new(None),
         })
     }
 
@@ -198,6 +204,26 @@ impl AuthService {
             .await
             .map_err(ApiError::internal)?;
         Ok(known && ok)
+    }
+
+    /// Whether `hash` is a hash of the shipped default password (`admin`).
+    pub async fn is_default_password(&self, hash: &str) -> ApiResult<bool> {
+        let known = self.default_password_check.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some((checked, answer)) = known {
+            if checked == hash {
+                return Ok(answer);
+            }
+        }
+        let answer = self.verify_password(DEFAULT_ADMIN_PASSWORD.to_string(), Some(hash.to_string())).await?;
+        self.remember_default_password(hash, answer);
+        Ok(answer)
+    }
+
+    /// Records what is known without a bcrypt run (the bootstrap admin was just created with a
+    /// password that is or is not the default one).
+    pub fn remember_default_password(&self, hash: &str, is_default: bool) {
+        *self.default_password_check.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((hash.to_string(), is_default));
     }
 }
 

@@ -1,5 +1,11 @@
 //! User field rules (API.md 7.1).
 
+/// The account the server ships with when `ADMIN_USERNAME` and `ADMIN_PASSWORD` are left unset.
+/// While it still signs in with this password the server says so: once per start in its log, and
+/// to that user through `GET /auth/me` (docs/api.md §6.5, §18.4).
+pub const DEFAULT_ADMIN_USERNAME: &str = "admin";
+pub const DEFAULT_ADMIN_PASSWORD: &str = "admin";
+
 /// Why a username, email or password was refused; the message is shown to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldProblem(pub &'static str);

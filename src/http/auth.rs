@@ -7,10 +7,11 @@ use uuid::Uuid;
 use crate::auth::{bearer_token, hash_refresh_token, new_refresh_token};
 use crate::db::users::{self as db_users, RefreshLookup, UserRow};
 use crate::domain::time;
+use crate::domain::user::DEFAULT_ADMIN_USERNAME;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::http::extract::{client_ip, state, Auth, JsonBody};
 use crate::http::users::current_user;
-use crate::http::wire::auth::{LoginRequest, Me, RefreshRequest, TokenPair, Verification};
+use crate::http::wire::auth::{LoginRequest, Me, MeUser, RefreshRequest, TokenPair, Verification};
 use crate::http::wire::users::{RoleName, User};
 use crate::http::wire::{self, Message};
 use crate::state::AppState;
@@ -60,9 +61,6 @@ pub async fn login(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<Http
     let Some(mut user) = user else {
         return Err(ApiError::new(ErrorCode::InvalidCredentials, "Invalid credentials"));
     };
-    if user.username == "admin" && password == "admin" {
-        tracing::warn!("the admin account still uses the default password 'admin': change it now");
-    }
     let db = st.pool.get().await?;
     user.last_login = Some(db_users::touch_last_login(&db, user.id).await?);
     drop(db);
@@ -132,7 +130,9 @@ pub async fn logout(
 pub async fn me(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
     let user = current_user(st, &caller).await?;
-    Ok(HttpResponse::Ok().json(Me { data: User::from(&user).into() }))
+    let default_password =
+        user.username == DEFAULT_ADMIN_USERNAME && st.auth.is_default_password(&user.password_hash).await?;
+    Ok(HttpResponse::Ok().json(Me { data: MeUser::new(User::from(&user), default_password) }))
 }
 
 /// Inspect the Authorization header (always 200)

@@ -89,6 +89,9 @@ pub struct Me {
 pub struct MeUser {
     #[schema(format = DateTime)]
     pub created_at: String,
+    /// True while this is the shipped `admin` account and its password is still `admin`: the
+    /// portal asks it to choose another one.
+    pub default_password: bool,
     pub email: Option<String>,
     pub id: String,
     #[schema(format = DateTime)]
@@ -98,10 +101,11 @@ pub struct MeUser {
     pub username: String,
 }
 
-impl From<User> for MeUser {
-    fn from(u: User) -> Self {
+impl MeUser {
+    pub fn new(u: User, default_password: bool) -> Self {
         MeUser {
             created_at: u.created_at,
+            default_password,
             email: u.email,
             id: u.id,
             last_login: u.last_login,
@@ -158,6 +162,7 @@ mod tests {
         assert_map_order(&Me {
             data: MeUser {
                 created_at: String::new(),
+                default_password: false,
                 email: Some(String::new()),
                 id: String::new(),
                 last_login: None,
