@@ -5,8 +5,8 @@ use actix_web::http::{header, Method};
 use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use serde_json::{json, Value};
 
-use crate::actors::export_jobs::{ExportFormat, ExportRequest, JobView};
-use crate::db::export::{self as sql, ExportFilter};
+use crate::db::export as sql;
+use crate::domain::export::{ExportFilter, ExportFormat, ExportRequest, JobState, JobView};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult};
@@ -205,7 +205,7 @@ fn job_json(job: &JobView) -> Value {
         "finished_at": ts(job.finished_at),
         "expires_at": ts(job.expires_at),
         "error": job.error,
-        "download_url": (job.state == crate::actors::export_jobs::JobState::Done)
+        "download_url": (job.state == JobState::Done)
             .then(|| format!("/dataexport/jobs/{}/download", job.id)),
     })
 }
