@@ -1,11 +1,10 @@
 //! Insecure defaults are loud (issue 9): while `admin` still has the password `admin`, every start
 //! of the binary says so in its log; once it is changed, no start does.
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::crash::ChildServer;
-use crate::helpers::{cluster, fresh_database};
+use crate::helpers::{cluster, fresh_database, ChildServer};
 
 const WARNING: &str = "still has the default password";
 
@@ -29,24 +28,11 @@ async fn the_default_admin_password_is_reported_at_every_start_until_changed() {
     }
 
     let mut server = ChildServer::start(&db_conn, data_root.path(), logs.path().join("3.log"), &unset).await;
-    let http = reqwest::Client::new();
-    let res = http
-        .post(format!("{}/auth/login", server.base))
-        .json(&json!({"username": "admin", "password": "admin"}))
-        .send()
-        .await
-        .expect("login");
-    assert_eq!(res.status(), StatusCode::OK, "admin/admin works while the warning is shown");
-    let token =
-        res.json::<serde_json::Value>().await.expect("body")["token"].as_str().expect("token").to_string();
-    let res = http
-        .post(format!("{}/users/change-password", server.base))
-        .bearer_auth(&token)
-        .json(&json!({"current_password": "admin", "new_password": "a-much-better-password-42"}))
-        .send()
-        .await
-        .expect("change password");
-    assert_eq!(res.status(), StatusCode::OK);
+    // admin/admin works while the warning is shown.
+    let token = server.login("admin", "admin").await["token"].as_str().expect("token").to_string();
+    let change = json!({"current_password": "admin", "new_password": "a-much-better-password-42"});
+    let (status, _) = server.call(Method::POST, "/users/change-password", Some(&token), Some(change)).await;
+    assert_eq!(status, StatusCode::OK);
     server.kill().await;
 
     let mut server = ChildServer::start(&db_conn, data_root.path(), logs.path().join("4.log"), &unset).await;
