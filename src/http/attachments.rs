@@ -17,7 +17,7 @@ use crate::db::attachments::{self, AttachmentRow};
 use crate::domain::attachment::{self as rules, Quality, RangeAnswer};
 use crate::domain::role::Role;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::extract::{path_param, state, Auth, Fields, JsonBody};
+use crate::http::extract::{forwarded_header, path_param, state, Auth, Fields, JsonBody};
 use crate::http::sync::{current_generation, query_pairs, report_sync};
 use crate::state::AppState;
 
@@ -397,27 +397,25 @@ pub async fn manifest_post(
     })))
 }
 
-/// The externally visible base URL (API.md 10.6): PUBLIC_URL, else the forwarding headers, else
-/// the request's own scheme and Host.
+/// The externally visible base URL (API.md 10.6): PUBLIC_URL, else the forwarding headers of a
+/// trusted proxy, else the request's own scheme and Host.
 fn public_base(req: &HttpRequest, st: &AppState) -> String {
     if let Some(url) = &st.config.public_url {
         return url.trim_end_matches('/').to_string();
     }
-    let first = |name: &str| {
-        header_str(req, name)
-            .and_then(|v| v.split(',').next())
-            .map(str::trim)
-            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic()))
-    };
-    let proto = match first("x-forwarded-proto").map(str::to_ascii_lowercase) {
+    let printable = |v: &&str| v.bytes().all(|b| b.is_ascii_graphic());
+    let forwarded = |name: &str| forwarded_header(req, &st.config.trusted_proxies, name).filter(printable);
+    let proto = match forwarded("x-forwarded-proto").map(str::to_ascii_lowercase) {
         Some(p) if p == "https" || p == "http" => p,
-        _ => req.connection_info().scheme().to_string(),
+        // Not `connection_info()`: it believes any peer's `X-Forwarded-*`.
+        _ => if req.app_config().secure() { "https" } else { "http" }.to_string(),
     };
-    let host = first("x-forwarded-host")
-        .or_else(|| first("host"))
+    let own_host = header_str(req, "host").map(str::trim).filter(|v| !v.is_empty()).filter(printable);
+    let host = forwarded("x-forwarded-host")
+        .or(own_host)
         .map(str::to_string)
-        .unwrap_or_else(|| req.connection_info().host().to_string());
-    let prefix = first("x-forwarded-prefix").map(|p| p.trim_matches('/')).filter(|p| !p.is_empty());
+        .unwrap_or_else(|| req.app_config().host().to_string());
+    let prefix = forwarded("x-forwarded-prefix").map(|p| p.trim_matches('/')).filter(|p| !p.is_empty());
     match prefix {
         Some(p) => format!("{proto}://{host}/{p}"),
         None => format!("{proto}://{host}"),

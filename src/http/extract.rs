@@ -205,10 +205,18 @@ pub fn path_param(req: &HttpRequest, name: &str) -> ApiResult<String> {
     Ok(value)
 }
 
+fn peer_ip(req: &HttpRequest) -> IpAddr {
+    req.peer_addr().map(|a| a.ip()).unwrap_or(IpAddr::from([127, 0, 0, 1]))
+}
+
+fn is_trusted(trusted: &[ipnet::IpNet], ip: &IpAddr) -> bool {
+    trusted.iter().any(|net| net.contains(ip))
+}
+
 /// The client IP for rate limiting: X-Forwarded-For only counts from a trusted proxy.
 pub fn client_ip(req: &HttpRequest, trusted: &[ipnet::IpNet]) -> IpAddr {
-    let peer = req.peer_addr().map(|a| a.ip()).unwrap_or(IpAddr::from([127, 0, 0, 1]));
-    if !trusted.iter().any(|net| net.contains(&peer)) {
+    let peer = peer_ip(req);
+    if !is_trusted(trusted, &peer) {
         return peer;
     }
     let forwarded = req.headers().get("x-forwarded-for").and_then(|v| v.to_str().ok());
@@ -217,8 +225,23 @@ pub fn client_ip(req: &HttpRequest, trusted: &[ipnet::IpNet]) -> IpAddr {
         .into_iter()
         .flat_map(|v| v.split(',').rev())
         .filter_map(|s| s.trim().parse::<IpAddr>().ok())
-        .find(|ip| !trusted.iter().any(|net| net.contains(ip)))
+        .find(|ip| !is_trusted(trusted, ip))
         .unwrap_or(peer)
+}
+
+/// The first value of a forwarding header (`x-forwarded-proto`, `-host`, `-prefix`), honoured
+/// only from a peer in `TRUSTED_PROXIES` (docs/api.md §18.4): from anyone else it would let a
+/// client make the server build links to a host of its choosing.
+pub fn forwarded_header<'r>(req: &'r HttpRequest, trusted: &[ipnet::IpNet], name: &str) -> Option<&'r str> {
+    if !is_trusted(trusted, &peer_ip(req)) {
+        return None;
+    }
+    req.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
 }
 
 /// Typed access to fields of a JSON object body, with 400s that name the field.

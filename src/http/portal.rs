@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{ApiError, ApiResult};
 use crate::http::bundles::if_none_match;
-use crate::http::extract::{path_param, state};
+use crate::http::extract::{forwarded_header, path_param, state};
 
 struct Asset {
     name: &'static str,
@@ -72,19 +72,17 @@ fn respond(req: &HttpRequest, content_type: &str, etag: &str, body: Vec<u8>) -> 
 }
 
 /// The path under which this server is reachable from the browser: the path of `PUBLIC_URL`,
-/// else `X-Forwarded-Prefix`, else nothing. Only plain path characters are kept, since the value
-/// lands in HTML.
+/// else a trusted proxy's `X-Forwarded-Prefix`, else nothing. Only plain path characters are kept,
+/// since the value lands in HTML.
 fn base_path(req: &HttpRequest) -> String {
-    let from_config = state(req).ok().and_then(|st| st.config.public_url.clone()).map(|url| {
+    let config = state(req).ok().map(|st| st.config.clone());
+    let from_config = config.as_ref().and_then(|c| c.public_url.clone()).map(|url| {
         let rest = url.split_once("://").map_or("", |(_, rest)| rest);
         rest.find('/').map_or(String::new(), |i| rest[i..].to_owned())
     });
     let prefix = from_config.or_else(|| {
-        req.headers()
-            .get("x-forwarded-prefix")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(',').next())
-            .map(str::to_owned)
+        let trusted = config.as_ref().map_or(&[][..], |c| &c.trusted_proxies[..]);
+        forwarded_header(req, trusted, "x-forwarded-prefix").map(str::to_owned)
     });
     let prefix = prefix.unwrap_or_default();
     let prefix = prefix.trim().trim_matches('/');

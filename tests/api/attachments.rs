@@ -280,7 +280,8 @@ async fn an_interrupted_upload_leaves_nothing_and_can_be_retried() {
 
 #[actix_web::test]
 async fn manifests_list_every_users_uploads_with_absolute_urls() {
-    let app = TestApp::spawn().await;
+    // The test client connects from loopback: a proxy we trust.
+    let app = TestApp::spawn_with(&[("TRUSTED_PROXIES", "127.0.0.1/32")]).await;
     let admin = app.admin_token().await;
     let writer = app.user_token(&admin, "writer", "read-write").await;
     let reader = app.user_token(&admin, "reader", "read-only").await;
@@ -405,6 +406,29 @@ async fn manifests_list_every_users_uploads_with_absolute_urls() {
     assert_eq!(
         body["operations"][1]["download_url"],
         "https://sync.example.org/synk/attachments/dir%2Fb.png"
+    );
+}
+
+#[actix_web::test]
+async fn forwarding_headers_from_an_untrusted_peer_are_ignored() {
+    let app = TestApp::spawn_with(&[("TRUSTED_PROXIES", "10.0.0.0/8")]).await;
+    let admin = app.admin_token().await;
+    put_raw(&app, &admin, "/attachments/photo%201.jpg", b"abc", None).await;
+    let res = app
+        .client
+        .post(app.url("/attachments/manifest"))
+        .bearer_auth(&admin)
+        .header("x-forwarded-proto", "https")
+        .header("x-forwarded-host", "evil.example.com")
+        .header("x-forwarded-prefix", "/phish")
+        .json(&json!({"client_id": "d"}))
+        .send()
+        .await
+        .expect("manifest");
+    let body: Value = res.json().await.expect("json");
+    assert_eq!(
+        body["operations"][0]["download_url"],
+        format!("http://127.0.0.1:{}/attachments/photo%201.jpg", app.port)
     );
 }
 

@@ -525,3 +525,55 @@ async fn public_endpoints_ignore_the_authorization_header() {
         assert_eq!(status, StatusCode::OK, "{body}");
     }
 }
+
+/// The README's layout section names every file and folder under `src/` and nothing that is gone,
+/// so a newcomer's map of the code stays true as modules come and go. Folder lines (ending in `/`)
+/// start in the first column; each file line under one is indented and names the file first.
+#[test]
+fn readme_layout_lists_every_source_file() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let section = readme.split("## How the code is laid out").nth(1).expect("the layout section");
+    let block = section.split("```").nth(1).expect("the layout section's code block");
+    let mut listed_dirs = std::collections::BTreeSet::new();
+    let mut listed_files = std::collections::BTreeSet::new();
+    let mut folder = String::new();
+    for line in block.lines() {
+        let Some(name) = line.split_whitespace().next() else { continue };
+        if !line.starts_with(' ') {
+            folder = name.to_string();
+            listed_dirs.insert(name.trim_end_matches('/').to_string());
+        } else if name.ends_with(".rs") {
+            assert!(folder.ends_with('/'), "README layout: {name} is not under a folder line");
+            listed_files.insert(format!("{folder}{name}"));
+        }
+    }
+
+    let mut files = std::collections::BTreeSet::new();
+    let mut dirs = std::collections::BTreeSet::new();
+    let mut pending = vec![root.join("src")];
+    while let Some(dir) = pending.pop() {
+        let rel = dir.strip_prefix(root).expect("inside the repository").to_string_lossy().replace('\\', "/");
+        dirs.insert(rel.clone());
+        for entry in std::fs::read_dir(&dir).expect("read src") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let name = path.file_name().expect("file name").to_string_lossy().into_owned();
+                files.insert(format!("{rel}/{name}"));
+            }
+        }
+    }
+
+    let missing: Vec<_> = files.difference(&listed_files).collect();
+    assert!(missing.is_empty(), "add these to the README's layout section: {missing:?}");
+    let gone: Vec<_> = listed_files.difference(&files).collect();
+    assert!(gone.is_empty(), "the README's layout section lists files that do not exist: {gone:?}");
+    let missing_dirs: Vec<_> = dirs.difference(&listed_dirs).collect();
+    assert!(missing_dirs.is_empty(), "add these folders to the README's layout section: {missing_dirs:?}");
+    for top in ["migrations", "tests/api", "load-tests", "portal", "portal-tests", "scripts", "docs"] {
+        assert!(listed_dirs.contains(top), "the README's layout section should describe {top}/");
+        assert!(root.join(top).is_dir(), "the README's layout section describes {top}/, which is gone");
+    }
+}

@@ -19,7 +19,7 @@ fn header(res: &reqwest::Response, name: impl reqwest::header::AsHeaderName) -> 
 
 #[actix_web::test]
 async fn root_redirects_browsers_and_answers_api_clients() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(&[("TRUSTED_PROXIES", "127.0.0.1/32")]).await;
     let client = no_redirects();
     for accept in [BROWSER_ACCEPT, "text/html"] {
         let res = client.get(app.url("/")).header(ACCEPT, accept).send().await.expect("request");
@@ -45,6 +45,19 @@ async fn root_redirects_browsers_and_answers_api_clients() {
         let body: Value = res.json().await.expect("json");
         assert_eq!(body["service"], "synkronus");
     }
+}
+
+#[actix_web::test]
+async fn a_prefix_from_an_untrusted_peer_is_ignored() {
+    let app = TestApp::spawn().await;
+    let res = no_redirects()
+        .get(app.url("/"))
+        .header(ACCEPT, BROWSER_ACCEPT)
+        .header("x-forwarded-prefix", "/phish")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(header(&res, LOCATION), "/portal/");
 }
 
 #[actix_web::test]
