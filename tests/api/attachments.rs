@@ -413,7 +413,7 @@ async fn manifests_list_every_users_uploads_with_absolute_urls() {
 async fn forwarding_headers_from_an_untrusted_peer_are_ignored() {
     let app = TestApp::spawn_with(&[("TRUSTED_PROXIES", "10.0.0.0/8")]).await;
     let admin = app.admin_token().await;
-    put_raw(&app, &admin, "/attachments/photo%201.jpg", b"abc", None).await;
+    app.put_bytes(&admin, "/attachments/photo%201.jpg", b"abc", None).await;
     let res = app
         .client
         .post(app.url("/attachments/manifest"))
