@@ -6,8 +6,11 @@ use crate::config::Config;
 use crate::domain::role::Role;
 use crate::startup::{connect_and_migrate, Application, EmbeddedHandle};
 
+/// `synkronus --version`: the release and the commit it was built from, as `GET /version` reports.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SYNKRONUS_GIT_COMMIT"), ")");
+
 #[derive(Parser)]
-#[command(name = "synkronus", version, about = "Offline-first sync server (Synkronus-compatible)")]
+#[command(name = "synkronus", version = VERSION, about = "Offline-first sync server (Synkronus-compatible)")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -3,18 +3,148 @@
 
 pub mod request_id;
 
+use std::fmt::Debug;
+use std::sync::{Arc, OnceLock};
+
+use tracing::callsite::{DefaultCallsite, Identifier};
+use tracing::dispatcher::WeakDispatch;
+use tracing::field::{Field, FieldSet, Visit};
+use tracing::metadata::Kind;
+use tracing::{Dispatch, Event, Level, Metadata, Subscriber};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
 pub fn init(level: &str, format: LogFormat) {
+    // Also routes the `log` records of dependencies into the same output.
     // Noisy dependencies stay at warn unless RUST_LOG says otherwise.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!("{level},actix_server=warn,tokio_postgres=warn,refinery_core=warn"))
     });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
+    let _ = dispatch(filter, format, std::io::stdout).try_init();
+}
+
+/// The whole logging stack, writing to `writer` (stdout in production, a buffer in tests).
+fn dispatch<W>(filter: EnvFilter, format: LogFormat, writer: W) -> Dispatch
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let output = tracing_subscriber::fmt::layer().with_target(false).with_writer(writer);
+    let output = match format {
+        LogFormat::Json => output.json().flatten_event(true).boxed(),
+        LogFormat::Text => output.boxed(),
     };
+    let demoter = ClientFaultsAtDebug::default();
+    let own_dispatch = demoter.dispatch.clone();
+    let dispatch = Dispatch::new(tracing_subscriber::registry().with(filter).with(demoter).with(output));
+    let _ = own_dispatch.set(dispatch.downgrade());
+    dispatch
+}
+
+/// actix-http logs a malformed request head at ERROR although the client gets a 400 and the server
+/// is fine: alerting on ERROR would page for every port scanner. Such an event is dropped and the
+/// same message sent again at DEBUG. It is sent straight to the dispatcher handling the original
+/// event, since tracing silently discards events emitted while another is being dispatched.
+#[derive(Default)]
+struct ClientFaultsAtDebug {
+    /// The dispatcher this layer is part of (weak: it owns the layer).
+    dispatch: Arc<OnceLock<WeakDispatch>>,
+}
+
+static DEMOTED_CALLSITE: DefaultCallsite = DefaultCallsite::new(&DEMOTED);
+static DEMOTED: Metadata<'static> = Metadata::new(
+    "client fault",
+    "synkronus::http",
+    Level::DEBUG,
+    Some(file!()),
+    Some(line!()),
+    Some(module_path!()),
+    FieldSet::new(&["message"], Identifier(&DEMOTED_CALLSITE)),
+    Kind::EVENT,
+);
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for ClientFaultsAtDebug {
+    fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
+        let meta = event.metadata();
+        if *meta.level() != Level::ERROR || !meta.target().starts_with("actix_http::h1") {
+            return true;
+        }
+        let mut message = MessageText::default();
+        event.record(&mut message);
+        if !message.0.contains("parse error") {
+            return true;
+        }
+        let text = format!("malformed request from a client: {}", message.0);
+        let fields = DEMOTED.fields();
+        let Some(field) = fields.field("message") else { return false };
+        let values = [(&field, Some(&text as &dyn tracing::Value))];
+        let values = fields.value_set(&values);
+        let demoted = Event::new(&DEMOTED, &values);
+        if let Some(dispatch) = self.dispatch.get().and_then(WeakDispatch::upgrade) {
+            if dispatch.enabled(&DEMOTED) {
+                dispatch.event(&demoted);
+            }
+        }
+        false
+    }
+}
+
+#[derive(Default)]
+struct MessageText(String);
+
+impl Visit for MessageText {
+    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged_at(level: &str) -> String {
+        let out = Captured::default();
+        let writer = out.clone();
+        let dispatch = dispatch(EnvFilter::new(level), LogFormat::Text, move || writer.clone());
+        tracing::dispatcher::with_default(&dispatch, || {
+            tracing::error!(
+                target: "actix_http::h1::dispatcher",
+                "stream error: request parse error: invalid Header provided"
+            );
+            tracing::error!(target: "actix_http::h1::dispatcher", "write zero; closing");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    #[test]
+    fn a_malformed_request_head_is_not_a_server_error() {
+        let info = logged_at("info");
+        assert!(!info.contains("parse error"), "{info}");
+        assert!(info.contains("ERROR") && info.contains("write zero"), "{info}");
+        let debug = logged_at("debug");
+        assert!(debug.contains("DEBUG") && debug.contains("malformed request from a client"), "{debug}");
+        assert!(!debug.contains("ERROR stream error"), "{debug}");
+    }
 }

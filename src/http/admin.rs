@@ -13,6 +13,12 @@ use crate::http::sync::{query_pairs, X_REPOSITORY_GENERATION};
 
 const RESET_CONFIRMATION: &str = "RESET_REPOSITORY";
 
+/// Empty the repository and raise its generation
+///
+/// Role: admin.
+#[utoipa::path(post, path = "/admin/repository/reset", tag = "admin",
+    request_body = Object, responses((status = 200, body = Object), (status = 400)),
+    security(("bearerAuth" = [])))]
 pub async fn reset_repository(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -40,6 +46,13 @@ pub async fn reset_repository(
     Ok(res)
 }
 
+/// Devices seen
+///
+/// Role: admin.
+#[utoipa::path(get, path = "/devices", tag = "admin",
+    params(("username" = Option<String>, Query, description = "A user name"), ("stale_after" = Option<String>, Query, description = "Only devices not seen for this many seconds")),
+    responses((status = 200, body = Object), (status = 400)),
+    security(("bearerAuth" = [])))]
 pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;

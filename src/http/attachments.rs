@@ -167,7 +167,15 @@ fn upload_answer(commit: &AttachmentCommit) -> Value {
     })
 }
 
+/// Upload (raw body)
+///
+/// Role: read-write or above.
+///
 /// `PUT /attachments/{id}`: a raw body, or a multipart `file` part.
+#[utoipa::path(put, path = "/attachments/{id}", tag = "attachments",
+    params(("id" = String, Path, description = "The attachment id (may contain /)"), ("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")), request_body(content = Binary, content_type = "application/octet-stream"),
+    responses((status = 200, body = Object), (status = 400), (status = 409), (status = 413)),
+    security(("bearerAuth" = [])))]
 pub async fn upload_put(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -191,7 +199,15 @@ pub async fn upload_put(
     }
 }
 
+/// Upload (multipart part file)
+///
+/// Role: read-write or above.
+///
 /// `POST /attachments`: multipart with the file part and an optional `attachment_id`.
+#[utoipa::path(post, path = "/attachments", tag = "attachments", params(("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")),
+    request_body(content = Binary, content_type = "multipart/form-data"),
+    responses((status = 200, body = Object), (status = 400), (status = 409), (status = 413)),
+    security(("bearerAuth" = [])))]
 pub async fn upload_post(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -221,7 +237,17 @@ async fn find(st: &AppState, id: &str) -> ApiResult<AttachmentRow> {
     attachments::find(&db, id).await?.ok_or_else(|| ApiError::not_found("Attachment not found"))
 }
 
+/// Download (ranges, variants)
+///
+/// Role: read-only or above.
+///
 /// `GET`/`HEAD /attachments/{id}`, optionally a resized image variant.
+#[utoipa::path(get, path = "/attachments/{id}", tag = "attachments",
+    params(("id" = String, Path, description = "The attachment id (may contain /)"), ("quality" = Option<String>, Query, description = "An image variant: thumbnail, medium or original"), ("Range" = Option<String>, Header, description = "A byte range (docs/api.md §10.3)"), ("If-None-Match" = Option<String>, Header, description = "An ETag the client holds")),
+    responses((status = 200, body = Binary, content_type = "application/octet-stream"),
+        (status = 206, body = Binary, content_type = "application/octet-stream"), (status = 304), (status = 400),
+        (status = 404), (status = 416)),
+    security(("bearerAuth" = [])))]
 pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
@@ -332,7 +358,15 @@ enum Cursor {
     Since(chrono::DateTime<chrono::Utc>),
 }
 
+/// Attachments changed since a cursor (spec shape)
+///
+/// Role: read-only or above.
+///
 /// `GET /attachments/manifest` (the interface specification's shape).
+#[utoipa::path(get, path = "/attachments/manifest", tag = "attachments",
+    params(("since" = Option<String>, Query, description = "Changes after this point"), ("after_change_id" = Option<String>, Query, description = "Changes after this change_id"), ("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")),
+    responses((status = 200, body = Object), (status = 400), (status = 409)),
+    security(("bearerAuth" = [])))]
 pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
@@ -357,7 +391,14 @@ pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     })))
 }
 
+/// Attachments changed since a cursor (Synkronus 1.0 shape)
+///
+/// Role: read-only or above.
+///
 /// `POST /attachments/manifest` (the Synkronus 1.0 shape Formulus reads).
+#[utoipa::path(post, path = "/attachments/manifest", tag = "attachments",
+    params(("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")), request_body = Object, responses((status = 200, body = Object), (status = 400), (status = 409)),
+    security(("bearerAuth" = [])))]
 pub async fn manifest_post(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -434,7 +475,14 @@ fn route_prefix(req: &HttpRequest) -> &'static str {
     }
 }
 
+/// All attachments as a ZIP
+///
+/// Role: read-only or above.
+///
 /// `GET /attachments/export-zip` (17.7): every attachment, entry name = id, streamed.
+#[utoipa::path(get, path = "/attachments/export-zip", tag = "attachments",
+    responses((status = 200, body = Binary, content_type = "application/zip"), (status = 400)),
+    security(("bearerAuth" = [])))]
 pub async fn export_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;

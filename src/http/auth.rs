@@ -2,46 +2,48 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::Duration as ChronoDuration;
-use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::auth::{bearer_token, hash_refresh_token, new_refresh_token};
 use crate::db::users::{self as db_users, RefreshLookup, UserRow};
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::extract::{client_ip, state, Auth, Fields, JsonBody};
-use crate::http::users::{current_user, user_json};
+use crate::http::extract::{client_ip, state, Auth, JsonBody};
+use crate::http::users::current_user;
+use crate::http::wire::auth::{LoginRequest, Me, RefreshRequest, TokenPair, Verification};
+use crate::http::wire::users::{RoleName, User};
+use crate::http::wire::{self, Message};
 use crate::state::AppState;
 
 /// Issues an access token and a refresh token in `family`, in the login response shape.
-async fn token_response(st: &AppState, user: &UserRow, family: Uuid) -> ApiResult<Value> {
+async fn token_response(st: &AppState, user: &UserRow, family: Uuid) -> ApiResult<TokenPair> {
     let access = st.auth.issue_access_token(user)?;
     let (refresh, refresh_hash) = new_refresh_token();
     let refresh_expires = st.clock.now() + ChronoDuration::seconds(st.auth.refresh_ttl.as_secs() as i64);
     let db = st.pool.get().await?;
     db_users::insert_refresh_token(&db, &refresh_hash, user.id, family, refresh_expires).await?;
     let ttl = st.auth.access_ttl.as_secs();
-    let mut user_obj = user_json(user);
-    if let Value::Object(o) = &mut user_obj {
-        o.remove("createdAt");
-        o.remove("last_login");
-    }
-    Ok(json!({
-        "token": access.token,
-        "expires_in": ttl,
-        "expiresIn": ttl,
-        "expiresAt": access.expires_at,
-        "refresh_token": refresh,
-        "refreshToken": refresh,
-        "user": user_obj,
-    }))
+    Ok(TokenPair {
+        expires_at: access.expires_at,
+        expires_in_camel: ttl,
+        expires_in: ttl,
+        refresh_token_camel: refresh.clone(),
+        refresh_token: refresh,
+        token: access.token,
+        user: User::from(user).into(),
+    })
 }
 
+/// Log in
+///
+/// Public.
+#[utoipa::path(post, path = "/auth/login", tag = "auth", request_body = LoginRequest,
+    responses((status = 200, body = TokenPair), (status = 400), (status = 401), (status = 429)))]
 pub async fn login(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
-    let f = Fields::of(&body)?;
-    let username = f.req_str(&["username"])?;
-    let password = f.req_str(&["password"])?;
+    let body: LoginRequest = wire::object(&body)?;
+    let username = body.username.required("username")?;
+    let password = body.password.required("password")?;
     let ip = client_ip(&req, &st.config.trusted_proxies);
     st.login_limiter.try_attempt(ip, username).map_err(|wait| {
         crate::monitoring::rate_limited("login");
@@ -68,10 +70,15 @@ pub async fn login(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<Http
     Ok(HttpResponse::Ok().json(body))
 }
 
+/// Rotate a refresh token
+///
+/// Public.
+#[utoipa::path(post, path = "/auth/refresh", tag = "auth", request_body = RefreshRequest,
+    responses((status = 200, body = TokenPair), (status = 400), (status = 401)))]
 pub async fn refresh(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
-    let f = Fields::of(&body)?;
-    let token = f.req_str(&["refresh_token", "refreshToken"])?;
+    let body: RefreshRequest = wire::object(&body)?;
+    let token = body.required()?;
     let db = st.pool.get().await?;
     let invalid = || ApiError::new(ErrorCode::InvalidToken, "Invalid refresh token");
     let (user_id, family) =
@@ -93,52 +100,67 @@ pub async fn refresh(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<Ht
     Ok(HttpResponse::Ok().json(body))
 }
 
+/// Revoke this token and its refresh family
+///
+/// Role: read-only or above. The body is optional; a refresh token in it is revoked too.
+#[utoipa::path(post, path = "/auth/logout", tag = "auth", request_body = Option<RefreshRequest>,
+    responses((status = 200, body = Message), (status = 400)), security(("bearerAuth" = [])))]
 pub async fn logout(
     req: HttpRequest,
     Auth(caller): Auth,
     JsonBody(body): JsonBody,
 ) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
-    let refresh = match &body {
-        Value::Null => None,
-        _ => Fields::of(&body)?.opt_str(&["refresh_token", "refreshToken"])?,
+    let body: Option<RefreshRequest> = match &body {
+        serde_json::Value::Null => None,
+        _ => Some(wire::object(&body)?),
     };
+    let refresh = body.as_ref().map(RefreshRequest::optional).transpose()?.flatten();
     let db = st.pool.get().await?;
     db_users::revoke_access_token(&db, &caller.jti, caller.expires_at).await?;
     if let Some(token) = refresh {
         db_users::revoke_refresh_token(&db, &hash_refresh_token(token), caller.id).await?;
     }
     st.auth.forget_token(caller.id, &caller.jti);
-    Ok(HttpResponse::Ok().json(json!({"message": "Logged out"})))
+    Ok(HttpResponse::Ok().json(Message { message: "Logged out" }))
 }
 
+/// The caller
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/auth/me", tag = "auth", responses((status = 200, body = Me)),
+    security(("bearerAuth" = [])))]
 pub async fn me(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
     let user = current_user(st, &caller).await?;
-    let mut obj = user_json(&user);
-    if let Value::Object(o) = &mut obj {
-        o.remove("createdAt");
-    }
-    Ok(HttpResponse::Ok().json(json!({ "data": obj })))
+    Ok(HttpResponse::Ok().json(Me { data: User::from(&user).into() }))
 }
 
-/// Always 200: it reports on the presented token rather than guarding anything.
+/// Inspect the Authorization header (always 200)
+///
+/// Public. It reports on the presented token rather than guarding anything.
+#[utoipa::path(get, path = "/auth/verify", tag = "auth", responses((status = 200, body = Verification)))]
 pub async fn verify(req: HttpRequest) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
     let header = req.headers().get("authorization").and_then(|v| v.to_str().ok());
     let Some(token) = bearer_token(header) else {
-        return Ok(HttpResponse::Ok().json(json!({"valid": false, "error": "MISSING_TOKEN"})));
+        return Ok(HttpResponse::Ok().json(invalid("MISSING_TOKEN")));
     };
     match st.auth.verify(token, &st.pool).await {
-        Ok(user) => Ok(HttpResponse::Ok().json(json!({
-            "valid": true,
-            "expires_at": time::format(user.expires_at),
-            "username": user.username,
-            "role": user.role.as_str(),
-        }))),
+        Ok(user) => Ok(HttpResponse::Ok().json(Verification {
+            error: None,
+            expires_at: Some(time::format(user.expires_at)),
+            role: Some(RoleName::from(user.role)),
+            username: Some(user.username),
+            valid: true,
+        })),
         Err(e) if matches!(e.code, ErrorCode::ServiceUnavailable | ErrorCode::Internal) => Err(e),
-        Err(e) => Ok(HttpResponse::Ok().json(json!({"valid": false, "error": e.code.as_str()}))),
+        Err(e) => Ok(HttpResponse::Ok().json(invalid(e.code.as_str()))),
     }
+}
+
+fn invalid(error: &'static str) -> Verification {
+    Verification { error: Some(error), valid: false, ..Verification::default() }
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

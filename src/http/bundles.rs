@@ -178,10 +178,26 @@ async fn upload(
     })))
 }
 
+/// Upload a bundle ZIP (multipart part bundle or file)
+///
+/// Role: admin.
+#[utoipa::path(post, path = "/app-bundle/push", tag = "app-bundle",
+    params(("activate" = Option<bool>, Query, description = "Make the upload the active version")),
+    request_body(content = Binary, content_type = "multipart/form-data"),
+    responses((status = 200, body = Object), (status = 400), (status = 413)),
+    security(("bearerAuth" = [])))]
 pub async fn push(req: HttpRequest, caller: Auth, payload: web::Payload) -> ApiResult<HttpResponse> {
     upload(req, caller, payload, false).await
 }
 
+/// Upload a bundle ZIP (raw body, any content type)
+///
+/// Role: admin.
+#[utoipa::path(put, path = "/app-bundle", tag = "app-bundle",
+    params(("activate" = Option<bool>, Query, description = "Make the upload the active version")),
+    request_body(content = Binary, content_type = "application/octet-stream"),
+    responses((status = 200, body = Object), (status = 400), (status = 413)),
+    security(("bearerAuth" = [])))]
 pub async fn put(req: HttpRequest, caller: Auth, payload: web::Payload) -> ApiResult<HttpResponse> {
     upload(req, caller, payload, true).await
 }
@@ -202,12 +218,24 @@ async fn switch_to(st: &AppState, raw: Option<&str>) -> ApiResult<HttpResponse> 
     })))
 }
 
+/// Activate a version
+///
+/// Role: admin.
+#[utoipa::path(post, path = "/app-bundle/switch/{version}", tag = "app-bundle",
+    params(("version" = String, Path, description = "The version to activate")), responses((status = 200, body = Object), (status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn switch_path(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let version = path_param(&req, "version")?;
     switch_to(state(&req)?, Some(&version)).await
 }
 
+/// Activate a version (body)
+///
+/// Role: admin.
+#[utoipa::path(post, path = "/app-bundle/switch", tag = "app-bundle",
+    request_body = Object, responses((status = 200, body = Object), (status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn switch_body(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -223,6 +251,12 @@ pub async fn switch_body(
 
 // ---- reads ----
 
+/// Stored versions
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/app-bundle/versions", tag = "app-bundle",
+    params(("x-api-version" = Option<String>, Header, description = "The API version the client speaks")), responses((status = 200, body = Object)),
+    security(("bearerAuth" = [])))]
 pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
@@ -252,6 +286,13 @@ fn not_modified(tag: &str, version: &str) -> HttpResponse {
         .finish()
 }
 
+/// Manifest of a version
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/app-bundle/manifest", tag = "app-bundle",
+    params(("version" = Option<String>, Query, description = "A bundle version"), ("If-None-Match" = Option<String>, Header, description = "An ETag the client holds")),
+    responses((status = 200, body = Object), (status = 304), (status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn manifest(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
@@ -321,6 +362,14 @@ fn cache_headers(builder: &mut HttpResponseBuilder, pinned: bool, preview: bool,
     }
 }
 
+/// One file of a version (path may contain /)
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/app-bundle/download/{path}", tag = "app-bundle",
+    params(("path" = String, Path, description = "A file path inside the bundle"), ("version" = Option<String>, Query, description = "A bundle version"), ("preview" = Option<bool>, Query, description = "The newest version instead of the active one"), ("If-None-Match" = Option<String>, Header, description = "An ETag the client holds")),
+    responses((status = 200, body = Binary, content_type = "application/octet-stream"), (status = 304),
+        (status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
@@ -342,12 +391,27 @@ pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     Ok(builder.insert_header((header::CONTENT_TYPE, file.mime_type.clone())).body(body))
 }
 
+/// No file named: 400
+///
+/// Role: read-only or above.
+///
 /// `/app-bundle/download` with nothing after it.
+#[utoipa::path(get, path = "/app-bundle/download", tag = "app-bundle",
+    responses((status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn download_empty(Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     Err(ApiError::bad_request("Invalid file path: the path is empty").with_path("path"))
 }
 
+/// A version's ZIP
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/app-bundle/download-zip", tag = "app-bundle",
+    params(("version" = Option<String>, Query, description = "A bundle version"), ("preview" = Option<bool>, Query, description = "The newest version instead of the active one"), ("If-None-Match" = Option<String>, Header, description = "An ETag the client holds")),
+    responses((status = 200, body = Binary, content_type = "application/zip"), (status = 304), (status = 400),
+        (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn download_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
@@ -371,6 +435,13 @@ pub async fn download_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
         .body(body))
 }
 
+/// Files changed between versions
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/app-bundle/changes", tag = "app-bundle",
+    params(("current" = Option<String>, Query, description = "The version the client has (default: the active one)"), ("target" = Option<String>, Query, description = "The version to compare with (default: the newest)")),
+    responses((status = 200, body = Object), (status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn changes(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;

@@ -169,12 +169,26 @@ async fn stream(req: &HttpRequest, request: ExportRequest) -> ApiResult<HttpResp
     Ok(builder.streaming(pending.body))
 }
 
+/// ZIP of Parquet files, streamed
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/dataexport/parquet", tag = "export", params(("form_type" = Option<String>, Query, description = "Form types, comma-separated or repeated"), ("since_change_id" = Option<String>, Query, description = "Only records changed after this change_id"),
+        ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("format" = Option<String>, Query, description = "parquet, json or csv")),
+    responses((status = 200, body = Binary, content_type = "application/zip"), (status = 400)),
+    security(("bearerAuth" = [])))]
 pub async fn parquet(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let filter = RawParams::from_query(req.query_string())?.filter()?;
     stream(&req, ExportRequest { format: ExportFormat::Parquet, filter }).await
 }
 
+/// Parquet, CSV or NDJSON export, streamed
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/data/export", tag = "export", params(("form_type" = Option<String>, Query, description = "Form types, comma-separated or repeated"), ("since_change_id" = Option<String>, Query, description = "Only records changed after this change_id"),
+        ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("format" = Option<String>, Query, description = "parquet, json or csv")),
+    responses((status = 200, body = Binary, content_type = "application/octet-stream"), (status = 400)),
+    security(("bearerAuth" = [])))]
 pub async fn data_export(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let raw = RawParams::from_query(req.query_string())?;
@@ -182,7 +196,15 @@ pub async fn data_export(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Http
     stream(&req, request).await
 }
 
-/// One JSON file per non-deleted observation (API.md 17.8); `include_deleted` does not apply.
+/// ZIP of raw JSON records, streamed
+///
+/// Role: read-only or above.
+///
+/// One JSON file per non-deleted observation (docs/api.md §17.8); `include_deleted` does not apply.
+#[utoipa::path(get, path = "/dataexport/raw-json", tag = "export", params(("form_type" = Option<String>, Query, description = "Form types, comma-separated or repeated"), ("since_change_id" = Option<String>, Query, description = "Only records changed after this change_id"),
+        ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("format" = Option<String>, Query, description = "parquet, json or csv")),
+    responses((status = 200, body = Binary, content_type = "application/zip"), (status = 400)),
+    security(("bearerAuth" = [])))]
 pub async fn raw_json(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let mut filter = RawParams::from_query(req.query_string())?.filter()?;
@@ -210,6 +232,13 @@ fn job_json(job: &JobView) -> Value {
     })
 }
 
+/// Start a background export
+///
+/// Role: read-only or above.
+#[utoipa::path(post, path = "/dataexport/jobs", tag = "export", params(("form_type" = Option<String>, Query, description = "Form types, comma-separated or repeated"), ("since_change_id" = Option<String>, Query, description = "Only records changed after this change_id"),
+        ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("format" = Option<String>, Query, description = "parquet, json or csv")),
+    request_body = Option<Object>, responses((status = 202, body = Object), (status = 400)),
+    security(("bearerAuth" = [])))]
 pub async fn create_job(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -226,6 +255,12 @@ pub async fn create_job(
         .json(job_json(&job)))
 }
 
+/// An export job's state
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/dataexport/jobs/{id}", tag = "export", params(("id" = String, Path, description = "The job id")),
+    responses((status = 200, body = Object), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn get_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let id = path_param(&req, "id")?;
@@ -234,6 +269,13 @@ pub async fn get_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     Ok(HttpResponse::Ok().json(job_json(&job)))
 }
 
+/// A finished job's file
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/dataexport/jobs/{id}/download", tag = "export",
+    params(("id" = String, Path, description = "The job id")),
+    responses((status = 200, body = Binary, content_type = "application/octet-stream"), (status = 404), (status = 409)),
+    security(("bearerAuth" = [])))]
 pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let id = path_param(&req, "id")?;
@@ -250,6 +292,12 @@ pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     Ok(builder.streaming(tokio_util::io::ReaderStream::new(handle)))
 }
 
+/// Record counts by form type
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/stats/observations", tag = "export",
+    responses((status = 200, body = Object), (status = 400)),
+    security(("bearerAuth" = [])))]
 pub async fn observation_stats(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;

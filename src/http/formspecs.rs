@@ -42,6 +42,13 @@ fn required<'a>(fields: &Fields<'a>, aliases: &[&str]) -> ApiResult<&'a Value> {
     })
 }
 
+/// Register a form spec version
+///
+/// Role: admin.
+#[utoipa::path(post, path = "/formspecs", tag = "formspecs", request_body = Object,
+    responses((status = 200, body = Object), (status = 201, body = Object), (status = 400), (status = 409),
+        (status = 422)),
+    security(("bearerAuth" = [])))]
 pub async fn create(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -76,6 +83,12 @@ pub async fn create(
     }
 }
 
+/// Latest version of each form
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/formspecs", tag = "formspecs",
+    responses((status = 200, body = Object)),
+    security(("bearerAuth" = [])))]
 pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let db = state(&req)?.pool.get().await?;
@@ -90,6 +103,12 @@ pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespons
     Ok(HttpResponse::Ok().json(json!({ "formspecs": specs })))
 }
 
+/// A form's versions
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/formspecs/{form_type}", tag = "formspecs",
+    params(("form_type" = String, Path, description = "A form type")), responses((status = 200, body = Object), (status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let form_type = path_param(&req, "form_type")?;
@@ -105,6 +124,13 @@ pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     Ok(HttpResponse::Ok().json(json!({"formType": form_type, "form_type": form_type, "versions": items})))
 }
 
+/// One form spec
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/formspecs/{form_type}/{version}", tag = "formspecs",
+    params(("form_type" = String, Path, description = "A form type"), ("version" = String, Path, description = "A form spec version")),
+    responses((status = 200, body = Object), (status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let form_type = path_param(&req, "form_type")?;

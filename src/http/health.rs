@@ -2,29 +2,35 @@
 
 use std::time::Duration;
 
-use actix_web::{web, HttpRequest, HttpResponse};
-use chrono::Utc;
-use serde_json::json;
-
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult};
 use crate::http::context::SERVER_VERSION;
 use crate::http::extract::{state, Auth};
+use crate::http::wire::info::{
+    ApiVersionStatus, ApiVersions, BuildInfo, DatabaseInfo, Health, Ready, ServerInfo, ServiceDescriptor,
+    Status, SystemInfo, Version,
+};
 use crate::state::AppState;
+use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::Utc;
 
-/// Browsers that prefer HTML go to the portal (API.md 17.9); everybody else gets the descriptor.
+/// Service descriptor (root only)
+///
+/// Public. Browsers that prefer HTML go to the portal (docs/api.md §17.9); everybody else gets
+/// the descriptor.
+#[utoipa::path(get, path = "/", tag = "info", responses((status = 200, body = ServiceDescriptor)))]
 pub async fn root(req: HttpRequest) -> HttpResponse {
     if let Some(redirect) = crate::http::portal::redirect_to_portal(&req) {
         return redirect;
     }
-    HttpResponse::Ok().json(json!({
-        "service": "synkronus",
-        "version": SERVER_VERSION,
-        "api_version": "1.1.0",
-        "health": "/health",
-        "openapi": "/openapi/synkronus.yaml",
-    }))
+    HttpResponse::Ok().json(ServiceDescriptor {
+        api_version: "1.1.0",
+        health: "/health",
+        openapi: "/openapi/synkronus.yaml",
+        service: "synkronus",
+        version: SERVER_VERSION,
+    })
 }
 
 async fn database_answers(st: &AppState) -> bool {
@@ -35,13 +41,20 @@ async fn database_answers(st: &AppState) -> bool {
     matches!(tokio::time::timeout(Duration::from_secs(2), probe).await, Ok(Some(_)))
 }
 
+/// Liveness and database check
+///
+/// Public.
+#[utoipa::path(get, path = "/health", tag = "info", responses((status = 200, body = Health)))]
 pub async fn health(req: HttpRequest) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
     let now = time::format(Utc::now());
     if database_answers(st).await {
-        Ok(HttpResponse::Ok().json(json!({
-            "status": "OK", "timestamp": now, "version": SERVER_VERSION, "database": "up",
-        })))
+        Ok(HttpResponse::Ok().json(Health {
+            database: "up",
+            status: "OK",
+            timestamp: now,
+            version: SERVER_VERSION,
+        }))
     } else {
         Err(ApiError::unavailable("health check: database did not answer within 2 s")
             .with_extra("database", "down")
@@ -50,15 +63,23 @@ pub async fn health(req: HttpRequest) -> ApiResult<HttpResponse> {
     }
 }
 
+/// Readiness
+///
+/// Public.
+#[utoipa::path(get, path = "/ready", tag = "info", responses((status = 200, body = Ready)))]
 pub async fn ready(req: HttpRequest) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
     if st.is_ready() && database_answers(st).await {
-        Ok(HttpResponse::Ok().json(json!({"status": "ready"})))
+        Ok(HttpResponse::Ok().json(Ready { status: "ready" }))
     } else {
         Err(ApiError::unavailable("not ready"))
     }
 }
 
+/// Build and database versions
+///
+/// Public.
+#[utoipa::path(get, path = "/version", tag = "info", responses((status = 200, body = Version)))]
 pub async fn version(req: HttpRequest) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
     let probe = async {
@@ -82,40 +103,52 @@ pub async fn version(req: HttpRequest) -> ApiResult<HttpResponse> {
         other => other,
     };
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    Ok(HttpResponse::Ok().json(json!({
-        "version": SERVER_VERSION,
-        "build_time": build_time,
-        "git_commit": commit,
-        "go_version": rustc,
-        "server": {"version": SERVER_VERSION},
-        "database": {"type": "postgresql", "version": db_version, "database_name": db_name},
-        "system": {"os": std::env::consts::OS, "architecture": arch, "cpus": cpus},
-        "build": {"commit": commit, "build_time": build_time, "go_version": rustc},
-    })))
-}
-
-pub async fn versions() -> HttpResponse {
-    HttpResponse::Ok().json(json!({
-        "current": "1.1.0",
-        "versions": [{"version": "1.0", "status": "supported"}, {"version": "1.1", "status": "current"}],
+    Ok(HttpResponse::Ok().json(Version {
+        build: BuildInfo { build_time, commit, go_version: rustc },
+        build_time,
+        database: DatabaseInfo { database_name: db_name, kind: "postgresql", version: db_version },
+        git_commit: commit,
+        go_version: rustc,
+        server: ServerInfo { version: SERVER_VERSION },
+        system: SystemInfo { architecture: arch, cpus, os: std::env::consts::OS },
+        version: SERVER_VERSION,
     }))
 }
 
+/// Supported API versions
+///
+/// Public.
+#[utoipa::path(get, path = "/versions", tag = "info", responses((status = 200, body = ApiVersions)))]
+pub async fn versions() -> HttpResponse {
+    HttpResponse::Ok().json(ApiVersions {
+        current: "1.1.0",
+        versions: vec![
+            ApiVersionStatus { status: "supported", version: "1.0" },
+            ApiVersionStatus { status: "current", version: "1.1" },
+        ],
+    })
+}
+
+/// Counters and the current change_id
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/status", tag = "info", responses((status = 200, body = Status)),
+    security(("bearerAuth" = [])))]
 pub async fn status(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     let db = st.pool.get().await?;
     let counts = crate::db::status::counts(&db).await?;
-    Ok(HttpResponse::Ok().json(json!({
-        "status": "OK",
-        "version": SERVER_VERSION,
-        "uptime_seconds": st.started_at.elapsed().as_secs(),
-        "database": "up",
-        "active_bundle_version": counts.active_bundle_version,
-        "observation_count": counts.observations,
-        "attachment_count": counts.attachments,
-        "current_change_id": counts.head,
-    })))
+    Ok(HttpResponse::Ok().json(Status {
+        active_bundle_version: counts.active_bundle_version,
+        attachment_count: counts.attachments,
+        current_change_id: counts.head,
+        database: "up",
+        observation_count: counts.observations,
+        status: "OK",
+        uptime_seconds: st.started_at.elapsed().as_secs(),
+        version: SERVER_VERSION,
+    }))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

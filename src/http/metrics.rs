@@ -43,7 +43,14 @@ fn route_label(pattern: Option<&str>) -> &str {
     }
 }
 
+/// Prometheus metrics (also on METRICS_PORT)
+///
+/// Role: admin.
+///
 /// Admin only on the API listener; the per-user rate limit does not apply.
+#[utoipa::path(get, path = "/metrics", tag = "info",
+    responses((status = 200, body = String, content_type = "text/plain")),
+    security(("bearerAuth" = [])))]
 pub async fn metrics(req: HttpRequest) -> ApiResult<HttpResponse> {
     authenticate(&req).await?.require(Role::Admin)?;
     exposition(req).await

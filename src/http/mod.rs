@@ -17,6 +17,7 @@ pub mod portal;
 pub mod routing;
 pub mod sync;
 pub mod users;
+pub mod wire;
 
 use actix_web::web;
 

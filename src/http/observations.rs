@@ -52,6 +52,14 @@ fn parse_bool(raw: Option<&str>, name: &str, default: bool) -> ApiResult<bool> {
     }
 }
 
+/// List records (own, or all for admins)
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/observations", tag = "observations",
+    params(("all" = Option<bool>, Query, description = "All users' records (admins)"), ("user" = Option<String>, Query, description = "One user's records (admins)"), ("form_type" = Option<String>, Query, description = "Form types, comma-separated or repeated"),
+        ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("limit" = Option<String>, Query, description = "integer; default 50, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page")),
+    responses((status = 200, body = Object), (status = 400)),
+    security(("bearerAuth" = [])))]
 pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
@@ -109,6 +117,12 @@ pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespons
     })))
 }
 
+/// One record
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/observations/{id}", tag = "observations", params(("id" = String, Path, description = "The observation id")),
+    responses((status = 200, body = Object), (status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
@@ -122,6 +136,13 @@ pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     Ok(HttpResponse::Ok().json(Value::Object(m)))
 }
 
+/// A record's revisions
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/observations/{id}/history", tag = "observations",
+    params(("id" = String, Path, description = "The observation id"), ("limit" = Option<String>, Query, description = "integer; default 50, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page")),
+    responses((status = 200, body = Object), (status = 400), (status = 404)),
+    security(("bearerAuth" = [])))]
 pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;

@@ -74,6 +74,13 @@ fn dialect_response(dialect: Dialect, body: Vec<u8>, generation: i64) -> HttpRes
     res
 }
 
+/// Push records, all or nothing, idempotent
+///
+/// Role: read-write or above.
+#[utoipa::path(post, path = "/sync/push", tag = "sync", params(("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")),
+    request_body(content = ref("#/components/schemas/PushRequest")),
+    responses((status = 200, body = ref("#/components/schemas/PushResponse")), (status = 400), (status = 409), (status = 422)),
+    security(("bearerAuth" = [])))]
 pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadWrite)?;
     let st = state(&req)?;
@@ -175,6 +182,14 @@ fn pull_response(
     Ok(dialect_response(pull.dialect, body, page.repository_generation))
 }
 
+/// Pull a page of changes (dialect from the body)
+///
+/// Role: read-only or above.
+#[utoipa::path(post, path = "/sync/pull", tag = "sync",
+    params(("limit" = Option<String>, Query, description = "integer; default 50, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page"), ("schemaType" = Option<String>, Query, description = "A form type to pull (repeatable)"), ("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")),
+    request_body(content = ref("#/components/schemas/PullRequest")),
+    responses((status = 200, body = ref("#/components/schemas/PullResponse")), (status = 400), (status = 409)),
+    security(("bearerAuth" = [])))]
 pub async fn pull(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
@@ -190,7 +205,16 @@ pub async fn pull(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
     pull_response(&req, st, &caller.username, &pull, &page)
 }
 
+/// Pull a page of changes (spec shape, or synkronus with x-api-version 1.0.x)
+///
+/// Role: read-only or above.
+///
 /// `GET /sync/pull`: the spec shape unless `x-api-version: 1.0.x` asks for the synkronus one.
+#[utoipa::path(get, path = "/sync/pull", tag = "sync",
+    params(("client_id" = Option<String>, Query, description = "The device's id"), ("since" = Option<String>, Query, description = "Changes after this point"),
+        ("schema_types" = Option<String>, Query, description = "Form types, comma-separated"), ("limit" = Option<String>, Query, description = "integer; default 50, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page"), ("x-api-version" = Option<String>, Header, description = "The API version the client speaks"), ("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")),
+    responses((status = 200, body = ref("#/components/schemas/PullResponse")), (status = 400), (status = 409)),
+    security(("bearerAuth" = [])))]
 pub async fn pull_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;

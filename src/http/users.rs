@@ -1,31 +1,20 @@
 //! Users (API.md 7) and the user JSON object shared with auth responses.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::auth::AuthUser;
 use crate::db::presence;
 use crate::db::users::{self as db_users, UserRow, UserUpdate};
 use crate::domain::role::Role;
-use crate::domain::{time, user as rules};
+use crate::domain::user as rules;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::extract::{path_param, state, Auth, Fields, JsonBody};
+use crate::http::extract::{path_param, state, Auth, JsonBody};
+use crate::http::wire::users::{
+    ChangePassword, CreateUser, ListedUser, Presence, ResetPassword, UpdateUser, User,
+};
+use crate::http::wire::{self, Message, Text};
 use crate::state::AppState;
-
-/// The user object of API.md 7.1 (never the password).
-pub fn user_json(u: &UserRow) -> Value {
-    json!({
-        "id": u.id.to_string(),
-        "username": u.username,
-        "email": u.email,
-        "role": u.role.as_str(),
-        "roles": [u.role.as_str()],
-        "created_at": time::format(u.created_at),
-        "createdAt": time::format(u.created_at),
-        "last_login": u.last_login.map(time::format),
-    })
-}
 
 fn weak_password() -> ApiError {
     ApiError::of(ErrorCode::WeakPassword)
@@ -38,57 +27,45 @@ fn parse_role(raw: &str) -> ApiResult<Role> {
     })
 }
 
-fn parse_email(fields: &Fields) -> ApiResult<Option<Option<String>>> {
-    if !fields.has("email") {
-        return Ok(None);
-    }
-    match fields.get("email") {
-        Some(Value::Null) | None => Ok(Some(None)),
-        Some(Value::String(e)) => {
+/// `None` when the body leaves the address alone, `Some(None)` when it removes it.
+fn parse_email(email: &Text) -> ApiResult<Option<Option<String>>> {
+    match email {
+        Text::Absent => Ok(None),
+        Text::Null => Ok(Some(None)),
+        Text::Given(e) => {
             rules::validate_email(e).map_err(|p| ApiError::bad_request(p.0).with_path("/email"))?;
             Ok(Some(Some(e.clone())))
         }
-        Some(_) => Err(ApiError::bad_request("'email' must be a string or null").with_path("/email")),
+        Text::NotString => Err(ApiError::bad_request("'email' must be a string or null").with_path("/email")),
     }
 }
 
+/// List users
+///
+/// Role: admin.
+#[utoipa::path(get, path = "/users", tag = "users", responses((status = 200, body = [ListedUser])),
+    security(("bearerAuth" = [])))]
 pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
     let db = st.pool.get().await?;
     let users = db_users::list(&db).await?;
     let mut devices = presence::all_by_user(&db).await?;
-    let items: Vec<Value> = users
+    let items: Vec<ListedUser> = users
         .iter()
         .map(|u| {
-            let mut item = user_json(u);
-            item["presence"] = presence_json(devices.remove(&u.username).unwrap_or_default());
-            item
+            let devices = devices.remove(&u.username).unwrap_or_default();
+            ListedUser::new(User::from(u), Presence::of(&devices))
         })
         .collect();
     Ok(HttpResponse::Ok().json(items))
 }
 
-/// `presence` of a user in `GET /users` (API.md 17.4): null when never seen.
-fn presence_json(devices: Vec<presence::DeviceRow>) -> Value {
-    let Some(last) = devices.iter().map(|d| d.last_seen_at).max() else {
-        return Value::Null;
-    };
-    let clients: Vec<Value> = devices
-        .iter()
-        .map(|d| {
-            json!({
-                "clientId": d.client_id,
-                "lastSeenAt": time::format(d.last_seen_at),
-                "lastDataVersion": d.last_data_version,
-                "appBundleVersion": d.app_bundle_version,
-                "lastOdeVersion": d.client_version,
-            })
-        })
-        .collect();
-    json!({"lastSeenAt": time::format(last), "clientCount": clients.len(), "clients": clients})
-}
-
+/// Create a user
+///
+/// Role: admin.
+#[utoipa::path(post, path = "/users", tag = "users", request_body = CreateUser,
+    responses((status = 201, body = User), (status = 400), (status = 409)), security(("bearerAuth" = [])))]
 pub async fn create(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -96,21 +73,35 @@ pub async fn create(
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
-    let f = Fields::of(&body)?;
-    let username = f.req_str(&["username"])?;
-    let password = f.req_str(&["password"])?;
-    let role = parse_role(f.req_str(&["role"])?)?;
+    let body: CreateUser = wire::object(&body)?;
+    let username = body.username.required("username")?;
+    let password = body.password.required("password")?;
+    let role = parse_role(body.role.required("role")?)?;
     rules::validate_username(username).map_err(|p| ApiError::bad_request(p.0).with_path("/username"))?;
-    let email = parse_email(&f)?.flatten();
+    let email = parse_email(&body.email)?.flatten();
     if !rules::is_strong_enough(password) {
         return Err(weak_password());
     }
     let hash = st.auth.hash_password(password.to_string()).await?;
     let db = st.pool.get().await?;
     let user = db_users::insert(&db, username, email.as_deref(), &hash, role).await?;
-    Ok(HttpResponse::Created().json(user_json(&user)))
+    Ok(HttpResponse::Created().json(User::from(&user)))
 }
 
+/// Create a user (Synkronus 1.0 path)
+///
+/// Role: admin.
+#[utoipa::path(post, path = "/users/create", tag = "users", request_body = CreateUser,
+    responses((status = 201, body = User), (status = 400), (status = 409)), security(("bearerAuth" = [])))]
+pub async fn create_v1(req: HttpRequest, caller: Auth, body: JsonBody) -> ApiResult<HttpResponse> {
+    create(req, caller, body).await
+}
+
+/// One user (admin, or oneself)
+///
+/// Role: read-only or above.
+#[utoipa::path(get, path = "/users/{username}", tag = "users", params(("username" = String, Path, description = "A user name")),
+    responses((status = 200, body = User), (status = 400), (status = 404)), security(("bearerAuth" = [])))]
 pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     let username = path_param(&req, "username")?;
     if caller.username != username {
@@ -121,9 +112,15 @@ pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     let user = db_users::find_by_username(&db, &username)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("User '{username}' not found")))?;
-    Ok(HttpResponse::Ok().json(user_json(&user)))
+    Ok(HttpResponse::Ok().json(User::from(&user)))
 }
 
+/// Change a user's role or email
+///
+/// Role: admin.
+#[utoipa::path(put, path = "/users/{username}", tag = "users", params(("username" = String, Path, description = "A user name")),
+    request_body = UpdateUser, responses((status = 200, body = User), (status = 400), (status = 404), (status = 409)),
+    security(("bearerAuth" = [])))]
 pub async fn update(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -132,10 +129,10 @@ pub async fn update(
     caller.require(Role::Admin)?;
     let st = state(&req)?;
     let username = path_param(&req, "username")?;
-    let f = Fields::of(&body)?;
-    let role = f.opt_str(&["role"])?.map(parse_role).transpose()?;
-    let email = parse_email(&f)?;
-    let password_hash = match f.opt_str(&["password"])? {
+    let body: UpdateUser = wire::object(&body)?;
+    let role = body.role.optional("role")?.map(parse_role).transpose()?;
+    let email = parse_email(&body.email)?;
+    let password_hash = match body.password.optional("password")? {
         None => None,
         Some(p) if !rules::is_strong_enough(p) => return Err(weak_password()),
         Some(p) => Some(st.auth.hash_password(p.to_string()).await?),
@@ -145,9 +142,15 @@ pub async fn update(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("User '{username}' not found")))?;
     st.auth.forget_cached_checks();
-    Ok(HttpResponse::Ok().json(user_json(&user)))
+    Ok(HttpResponse::Ok().json(User::from(&user)))
 }
 
+/// Delete a user (by name or id)
+///
+/// Role: admin.
+#[utoipa::path(delete, path = "/users/{username}", tag = "users", params(("username" = String, Path, description = "A user name")),
+    responses((status = 200, body = Message), (status = 400), (status = 404), (status = 409)),
+    security(("bearerAuth" = [])))]
 pub async fn delete(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
@@ -166,9 +169,24 @@ pub async fn delete(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespo
     }
     st.auth.forget_cached_checks();
     tracing::info!(deleted = %user.username, by = %caller.username, "user deleted");
-    Ok(HttpResponse::Ok().json(json!({"message": "User deleted successfully"})))
+    Ok(HttpResponse::Ok().json(Message { message: "User deleted successfully" }))
 }
 
+/// Delete a user (Synkronus 1.0 path)
+///
+/// Role: admin.
+#[utoipa::path(delete, path = "/users/delete/{username}", tag = "users", params(("username" = String, Path, description = "A user name")),
+    responses((status = 200, body = Message), (status = 400), (status = 404), (status = 409)),
+    security(("bearerAuth" = [])))]
+pub async fn delete_v1(req: HttpRequest, caller: Auth) -> ApiResult<HttpResponse> {
+    delete(req, caller).await
+}
+
+/// Set another user's password
+///
+/// Role: admin.
+#[utoipa::path(post, path = "/users/reset-password", tag = "users", request_body = ResetPassword,
+    responses((status = 200, body = Message), (status = 400), (status = 404)), security(("bearerAuth" = [])))]
 pub async fn reset_password(
     req: HttpRequest,
     Auth(caller): Auth,
@@ -176,9 +194,9 @@ pub async fn reset_password(
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
-    let f = Fields::of(&body)?;
-    let username = f.req_str(&["username"])?;
-    let new_password = f.req_str(&["new_password", "newPassword"])?;
+    let body: ResetPassword = wire::object(&body)?;
+    let username = body.username.required("username")?;
+    let new_password = body.new_password()?;
     if !rules::is_strong_enough(new_password) {
         return Err(weak_password());
     }
@@ -189,18 +207,23 @@ pub async fn reset_password(
     let hash = st.auth.hash_password(new_password.to_string()).await?;
     db_users::set_password(&mut db, user.id, &hash).await?;
     st.auth.forget_cached_checks();
-    Ok(HttpResponse::Ok().json(json!({"message": "Password reset successfully"})))
+    Ok(HttpResponse::Ok().json(Message { message: "Password reset successfully" }))
 }
 
+/// Change one's own password
+///
+/// Role: read-only or above.
+#[utoipa::path(post, path = "/users/change-password", tag = "users", request_body = ChangePassword,
+    responses((status = 200, body = Message), (status = 400)), security(("bearerAuth" = [])))]
 pub async fn change_password(
     req: HttpRequest,
     Auth(caller): Auth,
     JsonBody(body): JsonBody,
 ) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
-    let f = Fields::of(&body)?;
-    let current = f.req_str(&["current_password", "currentPassword", "oldPassword"])?;
-    let new_password = f.req_str(&["new_password", "newPassword"])?;
+    let body: ChangePassword = wire::object(&body)?;
+    let current = body.current_password()?;
+    let new_password = body.new_password()?;
     if !rules::is_strong_enough(new_password) {
         return Err(weak_password());
     }
@@ -214,7 +237,7 @@ pub async fn change_password(
     let mut db = st.pool.get().await?;
     db_users::set_password(&mut db, user.id, &hash).await?;
     st.auth.forget_cached_checks();
-    Ok(HttpResponse::Ok().json(json!({"message": "Password changed successfully"})))
+    Ok(HttpResponse::Ok().json(Message { message: "Password changed successfully" }))
 }
 
 /// The caller's own row; a token can outlive its user by at most the revocation cache TTL.
@@ -226,10 +249,10 @@ pub async fn current_user(st: &AppState, caller: &AuthUser) -> ApiResult<UserRow
 pub fn routes(cfg: &mut web::ServiceConfig) {
     use crate::http::routing::{get, resource};
     cfg.service(resource("/users", "GET, HEAD, POST").route(get().to(list)).route(web::post().to(create)))
-        .service(resource("/users/create", "POST").route(web::post().to(create)))
+        .service(resource("/users/create", "POST").route(web::post().to(create_v1)))
         .service(resource("/users/reset-password", "POST").route(web::post().to(reset_password)))
         .service(resource("/users/change-password", "POST").route(web::post().to(change_password)))
-        .service(resource("/users/delete/{username}", "DELETE").route(web::delete().to(delete)))
+        .service(resource("/users/delete/{username}", "DELETE").route(web::delete().to(delete_v1)))
         .service(
             resource("/users/{username}", "GET, HEAD, PUT, DELETE")
                 .route(get().to(get_one))

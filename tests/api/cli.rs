@@ -171,3 +171,13 @@ async fn invalid_configuration_stops_the_binary_with_one_line_naming_the_variabl
         }
     }
 }
+
+#[actix_web::test]
+async fn version_names_the_release_and_the_commit() {
+    let r = run(&["--version"], &[]).await;
+    assert_ok(&r);
+    let prefix = format!("synkronus {} (commit ", env!("CARGO_PKG_VERSION"));
+    let commit = r.stdout.trim().strip_prefix(&prefix).and_then(|rest| rest.strip_suffix(')'));
+    let commit = commit.unwrap_or_else(|| panic!("unexpected --version output: {}", r.stdout));
+    assert!(commit.len() >= 7 && commit.bytes().all(|b| b.is_ascii_hexdigit()), "{commit}");
+}

@@ -1,0 +1,138 @@
+//! Service descriptor, health, readiness, versions and status (docs/api.md §5).
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// `GET /` at the root: what this server is and where to look next.
+#[derive(Serialize, ToSchema)]
+pub struct ServiceDescriptor {
+    pub api_version: &'static str,
+    pub health: &'static str,
+    pub openapi: &'static str,
+    pub service: &'static str,
+    pub version: &'static str,
+}
+
+/// `GET /health` while the database answers.
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    pub database: &'static str,
+    pub status: &'static str,
+    #[schema(format = DateTime)]
+    pub timestamp: String,
+    pub version: &'static str,
+}
+
+/// `GET /ready` once start-up is done and the database answers.
+#[derive(Serialize, ToSchema)]
+pub struct Ready {
+    pub status: &'static str,
+}
+
+/// `GET /version`. `go_version` names the compiler for clients written against Synkronus 1.0.
+#[derive(Serialize, ToSchema)]
+pub struct Version {
+    pub build: BuildInfo,
+    pub build_time: &'static str,
+    pub database: DatabaseInfo,
+    pub git_commit: &'static str,
+    pub go_version: &'static str,
+    pub server: ServerInfo,
+    pub system: SystemInfo,
+    pub version: &'static str,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct BuildInfo {
+    pub build_time: &'static str,
+    pub commit: &'static str,
+    pub go_version: &'static str,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct DatabaseInfo {
+    pub database_name: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub version: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ServerInfo {
+    pub version: &'static str,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SystemInfo {
+    pub architecture: &'static str,
+    pub cpus: usize,
+    pub os: &'static str,
+}
+
+/// `GET /versions`: the API versions this server speaks.
+#[derive(Serialize, ToSchema)]
+pub struct ApiVersions {
+    pub current: &'static str,
+    pub versions: Vec<ApiVersionStatus>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ApiVersionStatus {
+    pub status: &'static str,
+    pub version: &'static str,
+}
+
+/// `GET /status`: counters and the current change_id.
+#[derive(Serialize, ToSchema)]
+pub struct Status {
+    pub active_bundle_version: Option<String>,
+    pub attachment_count: i64,
+    pub current_change_id: i64,
+    pub database: &'static str,
+    pub observation_count: i64,
+    pub status: &'static str,
+    pub uptime_seconds: u64,
+    pub version: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::wire::tests::assert_map_order;
+
+    #[test]
+    fn fields_are_in_map_order() {
+        assert_map_order(&ServiceDescriptor {
+            api_version: "",
+            health: "",
+            openapi: "",
+            service: "",
+            version: "",
+        });
+        assert_map_order(&Health { database: "", status: "", timestamp: String::new(), version: "" });
+        assert_map_order(&Version {
+            build: BuildInfo { build_time: "", commit: "", go_version: "" },
+            build_time: "",
+            database: DatabaseInfo { database_name: String::new(), kind: "", version: String::new() },
+            git_commit: "",
+            go_version: "",
+            server: ServerInfo { version: "" },
+            system: SystemInfo { architecture: "", cpus: 1, os: "" },
+            version: "",
+        });
+        assert_map_order(&ApiVersions {
+            current: "",
+            versions: vec![ApiVersionStatus { status: "", version: "" }],
+        });
+        assert_map_order(&Status {
+            active_bundle_version: None,
+            attachment_count: 0,
+            current_change_id: 0,
+            database: "",
+            observation_count: 0,
+            status: "",
+            uptime_seconds: 0,
+            version: "",
+        });
+    }
+}
