@@ -466,6 +466,11 @@ impl ChildServer {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signal the server");
     }
 
+    /// Whether the process is still the one started (it did not exit meanwhile).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// SIGKILL: no drain, no cleanup, exactly like a power cut for this process.
     pub async fn kill(&mut self) {
         self.signal(nix::sys::signal::Signal::SIGKILL);
