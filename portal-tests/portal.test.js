@@ -413,3 +413,98 @@ test('devices: presence with cursor lag; the layout works at 375 px', async () =
   assert.ok(overflow <= 375, `the page is ${overflow}px wide at 375px`);
   await shot(phone, 'overview-mobile');
 });
+
+/**
+ * Starts navigating to `from` while the answer of the request matching `held` is withheld, moves
+ * on to `to` and lets that page finish loading, then releases the held answer and waits until the
+ * abandoned render has had every chance to paint.
+ */
+async function navigateAwayDuringLoad(page, { held, from, to }) {
+  let release;
+  const released = new Promise((resolve) => {
+    release = resolve;
+  });
+  let arrived;
+  const holding = new Promise((resolve) => {
+    arrived = resolve;
+  });
+  await page.route(held, async (route) => {
+    arrived();
+    await released;
+    await route.continue();
+  });
+  await page.evaluate((h) => {
+    location.hash = h;
+  }, from);
+  await holding;
+  await go(page, to);
+  const finished = page.waitForEvent('requestfinished', (r) => held.test(r.url()));
+  release();
+  await finished;
+  // The abandoned render's continuation runs on the next turns of the event loop.
+  await page.evaluate(() => new Promise((r) => setTimeout(r, 300)));
+  await page.unroute(held);
+}
+
+test('fast navigation never paints a page that finished loading after the user left it', async () => {
+  const page = await newPage();
+  await signIn(page);
+
+  // My account waits for /auth/me; the user goes on to Devices before it answers.
+  await navigateAwayDuringLoad(page, { held: /\/auth\/me$/, from: '#/account', to: '#/devices' });
+  const main = page.locator('#main');
+  assert.deepEqual(await main.locator('h1').allTextContents(), ['Devices']);
+  assert.equal(await main.getByRole('heading', { name: 'Change password' }).count(), 0);
+  assert.equal(await page.title(), 'Devices · Synkronus');
+  assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Devices');
+  assert.equal(await page.locator('#announcer').textContent(), 'Devices loaded');
+  await main.getByRole('heading', { name: 'Presence' }).waitFor();
+
+  // An observation waits for its record; the user goes on to Exports.
+  await navigateAwayDuringLoad(page, {
+    held: /\/observations\/obs_001$/, from: '#/observations/obs_001', to: '#/exports',
+  });
+  assert.deepEqual(await main.locator('h1').allTextContents(), ['Exports']);
+  assert.equal(await main.getByRole('heading', { name: 'Observation obs_001' }).count(), 0);
+  assert.equal(await main.getByRole('heading', { name: 'History' }).count(), 0);
+  assert.equal(await page.title(), 'Exports · Synkronus');
+
+  // The page that is on screen still works: going back shows the observation whole.
+  await go(page, '#/observations/obs_001');
+  await main.getByRole('heading', { name: 'Observation obs_001' }).waitFor();
+  await main.getByRole('heading', { name: 'History' }).waitFor();
+  assert.deepEqual(await main.locator('h1').allTextContents(), ['Observations']);
+});
+
+test('the overview chart keeps whole axis labels at ten million observations', async () => {
+  // The server's own answer, with every count scaled up to millions: seeding ten million records
+  // through the API would take minutes, and the chart only sees these numbers.
+  const real = (await api('GET', 'stats/observations')).data;
+  const scale = (n) => n * 1_234_567 + 1_600_000;
+  const buckets = real.timeline.buckets.map((b) => ({ ...b, count: scale(b.count) }));
+  const byFormType = [...real.byFormType.map((t) => ({ ...t, count: scale(t.count) })),
+    { formType: 'a_form_type_with_a_rather_long_name', count: 12_345_678 }];
+  const total = byFormType.reduce((a, t) => a + t.count, 0);
+  const body = { ...real, totalCount: total, byFormType, timeline: { ...real.timeline, buckets } };
+
+  for (const viewport of [{ width: 1280, height: 900 }, { width: 375, height: 812 }]) {
+    const page = await newPage(viewport);
+    await page.route('**/stats/observations', (route) =>
+      route.fulfill({ status: 200, contentType: 'application/json', body: JSON.stringify(body) }));
+    await signIn(page);
+    await page.getByText(`${total.toLocaleString('en-US')} observations (not deleted)`).waitFor();
+    await page.locator('svg.chart').nth(1).waitFor();
+    // Every label lies inside its chart's drawing area.
+    const outside = await page.evaluate(() => [...document.querySelectorAll('svg.chart')].flatMap((svg) => {
+      const width = svg.viewBox.baseVal.width;
+      return [...svg.querySelectorAll('text')]
+        .map((t) => ({ text: t.textContent, box: t.getBBox() }))
+        .filter(({ box }) => box.x < 0 || box.x + box.width > width)
+        .map(({ text, box }) => `${text}: ${box.x.toFixed(1)}..${(box.x + box.width).toFixed(1)} of ${width}`);
+    }));
+    assert.deepEqual(outside, []);
+    const ticks = await page.locator('svg.chart').first().locator('text').allTextContents();
+    assert.ok(ticks.some((t) => /^\d{1,2},\d{3},\d{3}$/.test(t)), ticks.join(' | '));
+    await shot(page, viewport.width < 500 ? 'overview-large-counts-mobile' : 'overview-large-counts');
+  }
+});

@@ -13,7 +13,7 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{Json, ToSql, Type};
 
 use super::records::raw_json;
-use crate::db::DbResult;
+use crate::db::{stats, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
 
 /// The stored state of the records a commit touches (see `plan::records_to_read`).
@@ -250,6 +250,13 @@ pub async fn write_revisions(
     for &i in superseded_in_batch {
         superseded[i] = true;
     }
+    let current = (0..b.change_id.len()).filter(|&i| !superseded[i]);
+    stats::count_changes(
+        db,
+        overwritten_ids,
+        current.map(|i| (b.form_type[i], b.created_at[i], b.deleted[i])),
+    )
+    .await?;
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
         (0..b.change_id.len()).filter(|&i| !superseded[i]).partition(|&i| stored.contains(b.record_id[i]));

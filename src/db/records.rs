@@ -5,7 +5,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
 use tokio_postgres::Row;
 
-use crate::db::DbResult;
+use crate::db::{stats, DbResult};
 use crate::domain::sync::StoredRecord;
 
 /// Serialises change_id allocation across server processes sharing one database.
@@ -121,6 +121,7 @@ pub async fn reset_repository(db: &impl GenericClient) -> DbResult<Head> {
         "DELETE FROM record_revisions; DELETE FROM records; DELETE FROM transmissions; DELETE FROM attachments;",
     )
     .await?;
+    stats::clear(db).await?;
     let row = db
         .query_one(
             "UPDATE change_head SET repository_generation = repository_generation + 1
