@@ -16,6 +16,7 @@ use crate::auth::AuthService;
 use crate::config::{Config, DatabaseConfig};
 use crate::db;
 use crate::db::embedded::EmbeddedPostgres;
+use crate::db::supervision::Supervisor;
 use crate::domain::role::Role;
 use crate::http;
 use crate::state::AppState;
@@ -26,7 +27,8 @@ const EMBEDDED_DB_NAME: &str = "synkronus";
 pub struct Application {
     port: u16,
     server: Server,
-    embedded: Option<EmbeddedHandle>,
+    /// The embedded cluster, supervised while the server runs (docs/api.md §18.4).
+    embedded: Option<Supervisor>,
     state: AppState,
     /// The METRICS_PORT listener and its port.
     metrics: Option<(Server, u16)>,
@@ -56,14 +58,25 @@ pub struct EmbeddedHandle {
     pub started_here: bool,
 }
 
-/// Starts the embedded cluster (if configured) and returns a connection string for it.
-pub async fn database_connection(config: &Config) -> anyhow::Result<(String, Option<EmbeddedHandle>)> {
+/// The embedded cluster of this configuration (not started), or the `DB_CONNECTION` string.
+fn database_target(config: &Config) -> anyhow::Result<Result<EmbeddedPostgres, String>> {
     match &config.database {
-        DatabaseConfig::External(conn) => Ok((conn.clone(), None)),
+        DatabaseConfig::External(conn) => Ok(Err(conn.clone())),
         DatabaseConfig::Embedded { pg_run_as, pg_bin_dir } => {
             let pg = EmbeddedPostgres::new(config.data_root.join("postgres"), pg_bin_dir.clone(), pg_run_as)?;
             std::fs::create_dir_all(&config.data_root)
                 .with_context(|| format!("DATA_ROOT: cannot create {}", config.data_root.display()))?;
+            Ok(Ok(pg))
+        }
+    }
+}
+
+/// For one-off commands: starts the embedded cluster (if configured and not running already)
+/// and returns a connection string for the database.
+pub async fn database_connection(config: &Config) -> anyhow::Result<(String, Option<EmbeddedHandle>)> {
+    match database_target(config)? {
+        Err(conn) => Ok((conn, None)),
+        Ok(pg) => {
             let starter = pg.clone();
             let started_here = tokio::task::spawn_blocking(move || starter.start()).await??;
             pg.ensure_database(EMBEDDED_DB_NAME).await?;
@@ -72,29 +85,39 @@ pub async fn database_connection(config: &Config) -> anyhow::Result<(String, Opt
     }
 }
 
-/// Connects (with retries) and applies migrations: what `serve` and `migrate` share.
+/// For the server: the embedded cluster is started (or adopted) and supervised.
+async fn server_database_connection(config: &Config) -> anyhow::Result<(String, Option<Supervisor>)> {
+    match database_target(config)? {
+        Err(conn) => Ok((conn, None)),
+        Ok(pg) => {
+            let supervisor = Supervisor::start(pg.clone()).await?;
+            pg.ensure_database(EMBEDDED_DB_NAME).await?;
+            Ok((pg.connection_string(EMBEDDED_DB_NAME), Some(supervisor)))
+        }
+    }
+}
+
+/// Connects (with retries) and applies migrations: what one-off commands need.
 pub async fn connect_and_migrate(
     config: &Config,
 ) -> anyhow::Result<(deadpool_postgres::Pool, Option<EmbeddedHandle>)> {
-    let (pool, embedded, _conn) = connect_migrate_with_conn(config).await?;
+    let (conn, embedded) = database_connection(config).await?;
+    let pool = connect_migrate(config, &conn).await?;
     Ok((pool, embedded))
 }
 
-/// [`connect_and_migrate`], also returning the connection string (for dedicated connections).
-async fn connect_migrate_with_conn(
-    config: &Config,
-) -> anyhow::Result<(deadpool_postgres::Pool, Option<EmbeddedHandle>, String)> {
-    let (conn, embedded) = database_connection(config).await?;
-    let pool = db::create_pool(&conn, config.db_pool_size)?;
+async fn connect_migrate(config: &Config, conn: &str) -> anyhow::Result<deadpool_postgres::Pool> {
+    let pool = db::create_pool(conn, config.db_pool_size)?;
     db::wait_until_reachable(&pool).await?;
     db::migrate(&pool).await.context("migrations failed")?;
-    Ok((pool, embedded, conn))
+    Ok(pool)
 }
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let config = Arc::new(config);
-        let (pool, embedded, conn) = connect_migrate_with_conn(&config).await?;
+        let (conn, embedded) = server_database_connection(&config).await?;
+        let pool = connect_migrate(&config, &conn).await?;
         let auth = Arc::new(AuthService::new(&config.jwt_secret, config.jwt_ttl, config.refresh_ttl)?);
         bootstrap_admin(&config, &pool, &auth).await?;
         check_data_root(&config)?;
@@ -172,9 +195,8 @@ impl Application {
             handle.stop(true).await;
         }
         // A cluster adopted from a crashed run is ours too: nobody else will stop it.
-        if let Some(handle) = self.embedded {
-            tracing::info!("stopping the embedded PostgreSQL cluster");
-            tokio::task::spawn_blocking(move || handle.cluster.stop()).await??;
+        if let Some(supervisor) = self.embedded {
+            supervisor.shutdown().await?;
         }
         result.map_err(Into::into)
     }

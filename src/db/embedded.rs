@@ -35,7 +35,7 @@ impl EmbeddedPostgres {
                 )
             })?,
         };
-        for tool in ["initdb", "pg_ctl"] {
+        for tool in ["initdb", "pg_ctl", "postgres"] {
             if !bin_dir.join(tool).is_file() {
                 bail!("PG_BIN_DIR: {} has no {tool}", bin_dir.display());
             }
@@ -77,10 +77,7 @@ impl EmbeddedPostgres {
     /// left over by a server that was killed). A stale pid file is handled by PostgreSQL itself.
     /// Returns true when this call started it.
     pub fn start(&self) -> anyhow::Result<bool> {
-        if !self.data_dir.join("PG_VERSION").is_file() {
-            self.init()?;
-        }
-        self.prepare_socket_dir()?;
+        self.prepare()?;
         if self.is_running() {
             return Ok(false);
         }
@@ -103,12 +100,10 @@ impl EmbeddedPostgres {
                 .arg(options),
         )?;
         if !out.status.success() && !self.is_running() {
-            let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
             bail!(
                 "embedded PostgreSQL failed to start: {} {}",
                 String::from_utf8_lossy(&out.stderr).trim(),
-                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                self.log_tail(5)
             );
         }
         Ok(true)
@@ -139,6 +134,59 @@ impl EmbeddedPostgres {
         self.run(self.pg_ctl().arg("status").arg("-D").arg(&self.data_dir))
             .map(|o| o.status.success())
             .unwrap_or(false)
+    }
+
+    /// Creates the cluster on first use and the socket folder; starts nothing.
+    pub fn prepare(&self) -> anyhow::Result<()> {
+        if !self.data_dir.join("PG_VERSION").is_file() {
+            self.init()?;
+        }
+        self.prepare_socket_dir()
+    }
+
+    /// The postmaster run directly rather than through `pg_ctl` (which detaches it), so that the
+    /// server is its parent: it learns at once when the postmaster dies, reaps it, and starts it
+    /// again (docs/api.md §18.4). It gets a process group of its own, so a Ctrl-C meant for the
+    /// server does not stop the database under requests still draining.
+    pub fn postmaster_command(&self) -> anyhow::Result<tokio::process::Command> {
+        let log_path = self.data_dir.join("server.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("cannot open {}", log_path.display()))?;
+        let mut cmd = tokio::process::Command::new(self.bin_dir.join("postgres"));
+        cmd.arg("-D").arg(&self.data_dir).arg("-c").arg("listen_addresses=").arg("-k").arg(&self.socket_dir);
+        for s in &self.extra_settings {
+            cmd.arg("-c").arg(s);
+        }
+        cmd.current_dir("/")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .env_remove("PGDATA")
+            .env_remove("PGHOST")
+            .env_remove("PGPORT")
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid.as_raw()).gid(gid.as_raw());
+        }
+        Ok(cmd)
+    }
+
+    /// The pid of the running postmaster, from its lock file; `None` when none is alive.
+    pub fn postmaster_pid(&self) -> Option<i32> {
+        let text = std::fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
+        let pid: i32 = text.lines().next()?.trim().parse().ok()?;
+        (pid > 0 && process_exists(pid)).then_some(pid)
+    }
+
+    /// The last lines of the cluster's log, for error messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.data_dir.join("server.log")).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
     }
 
     fn init(&self) -> anyhow::Result<()> {
@@ -221,6 +269,14 @@ fn find_bin_dir() -> Option<PathBuf> {
         .collect();
     versions.sort();
     versions.pop().map(|(_, bin)| bin)
+}
+
+/// Signal 0 probes a pid; EPERM means it exists but belongs to another user (the cluster user).
+fn process_exists(pid: i32) -> bool {
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(e) => e == nix::errno::Errno::EPERM,
+    }
 }
 
 fn sha2_hex(bytes: &[u8]) -> String {

@@ -9,6 +9,7 @@ pub mod formspecs;
 pub mod presence;
 pub mod records;
 pub mod status;
+pub mod supervision;
 pub mod tls;
 pub mod users;
 

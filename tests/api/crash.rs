@@ -93,6 +93,23 @@ impl ChildServer {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// SIGTERM, then waits for the exit (the server drains and stops its embedded cluster).
+    pub async fn terminate(&mut self) {
+        let pid = self.child.id().expect("running child") as i32;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM)
+            .expect("SIGTERM");
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("the server exits within 60 s of SIGTERM")
+            .expect("reap the child");
+        assert!(status.success(), "the server exits cleanly: {status} {}", self.log_text());
+    }
+
+    /// Whether the process is still the one started (it did not exit meanwhile).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// SIGKILL: no drain, no cleanup, exactly like a power cut for this process.
     pub async fn kill(&mut self) {
         let pid = self.child.id().expect("running child") as i32;
@@ -611,4 +628,95 @@ async fn postgres_crash_mid_storm_gives_503s_and_loses_nothing() {
     outcomes.push((999, 0, None));
     assert!(outcomes.iter().any(|(_, _, o)| *o == Some(503)), "the storm saw 503s");
     retry_and_verify(&app.base, &token, pulled, outcomes).await;
+}
+
+/// A data root for a server with its embedded cluster, under /tmp so that the cluster user can
+/// reach it when the tests run as root. Declared before the server, so it is dropped after it:
+/// whatever the test did, the cluster is stopped and the folder removed.
+pub struct EmbeddedDataRoot {
+    pub dir: PathBuf,
+    pub pg: EmbeddedPostgres,
+}
+
+impl EmbeddedDataRoot {
+    pub fn new(prefix: &str) -> Self {
+        let dir =
+            PathBuf::from(format!("/tmp/{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+        std::fs::create_dir_all(&dir).expect("data root");
+        let pg = EmbeddedPostgres::new(dir.join("postgres"), None, "postgres").expect("PostgreSQL binaries");
+        EmbeddedDataRoot { dir, pg }
+    }
+
+    pub fn postmaster_pid(&self) -> i32 {
+        self.pg.postmaster_pid().expect("a running postmaster")
+    }
+}
+
+impl Drop for EmbeddedDataRoot {
+    fn drop(&mut self) {
+        if self.pg.postmaster_pid().is_some() {
+            let _ = self.pg.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Polls `/health` until it answers `expected`; returns its body. Panics after `within`.
+async fn health_until(base: &str, expected: StatusCode, within: Duration) -> Value {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("client");
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(res) = http.get(format!("{base}/health")).send().await {
+            if res.status() == expected {
+                return res.json().await.expect("health body");
+            }
+        }
+        assert!(started.elapsed() < within, "/health did not answer {expected} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[actix_web::test]
+async fn embedded_postmaster_killed_mid_storm_is_restarted_by_the_server() {
+    let root = EmbeddedDataRoot::new("synk-supervise");
+    let log = root.dir.join("synkronus.log");
+    // No DB_CONNECTION: the server runs the embedded cluster under DATA_ROOT.
+    let mut server = ChildServer::start("", &root.dir, log, &[]).await;
+    let token = login(&server.base, ADMIN_PASSWORD).await;
+
+    let storm = start_storm(&server.base, &token, false);
+    wait_for_acks(&storm.acked, 40).await;
+    let killed = root.postmaster_pid();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(killed), nix::sys::signal::Signal::SIGKILL)
+        .expect("SIGKILL the postmaster");
+    let killed_at = std::time::Instant::now();
+
+    // The first restart waits 1 s: /health says the database is down meanwhile.
+    let down = health_until(&server.base, StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(10)).await;
+    assert_eq!(down["database"], "down", "{down}");
+    assert_eq!(down["code"], "SERVICE_UNAVAILABLE", "{down}");
+    let up = health_until(&server.base, StatusCode::OK, Duration::from_secs(30)).await;
+    assert_eq!(up["database"], "up");
+    let recovered_in = killed_at.elapsed();
+    assert!(recovered_in < Duration::from_secs(30), "recovered in {recovered_in:?}");
+    eprintln!("embedded postmaster killed: /health up again after {recovered_in:?}");
+    assert!(server.is_running(), "the server itself was not restarted");
+    let restarted = root.postmaster_pid();
+    assert_ne!(restarted, killed, "a new postmaster runs");
+    let log_text = server.log_text();
+    assert!(log_text.contains("postmaster exited"), "the server logged the exit: {log_text}");
+
+    // The storm goes on against the restarted database, then every push is checked.
+    let recovered = storm.acked.load(Ordering::SeqCst);
+    wait_for_acks(&storm.acked, recovered + 20).await;
+    let (outcomes, pulled) = finish_storm(storm).await;
+    assert!(
+        outcomes.iter().any(|(_, _, o)| *o == Some(503)),
+        "the storm saw 503s while the database was down"
+    );
+    retry_and_verify(&server.base, &token, pulled, outcomes).await;
+
+    // A graceful stop also stops the cluster the server supervised.
+    server.terminate().await;
+    assert_eq!(root.pg.postmaster_pid(), None, "the server stopped its cluster");
 }
