@@ -413,3 +413,36 @@ test('devices: presence with cursor lag; the layout works at 375 px', async () =
   assert.ok(overflow <= 375, `the page is ${overflow}px wide at 375px`);
   await shot(phone, 'overview-mobile');
 });
+
+test('the overview chart keeps whole axis labels at ten million observations', async () => {
+  // The server's own answer, with every count scaled up to millions: seeding ten million records
+  // through the API would take minutes, and the chart only sees these numbers.
+  const real = (await api('GET', 'stats/observations')).data;
+  const scale = (n) => n * 1_234_567 + 1_600_000;
+  const buckets = real.timeline.buckets.map((b) => ({ ...b, count: scale(b.count) }));
+  const byFormType = [...real.byFormType.map((t) => ({ ...t, count: scale(t.count) })),
+    { formType: 'a_form_type_with_a_rather_long_name', count: 12_345_678 }];
+  const total = byFormType.reduce((a, t) => a + t.count, 0);
+  const body = { ...real, totalCount: total, byFormType, timeline: { ...real.timeline, buckets } };
+
+  for (const viewport of [{ width: 1280, height: 900 }, { width: 375, height: 812 }]) {
+    const page = await newPage(viewport);
+    await page.route('**/stats/observations', (route) =>
+      route.fulfill({ status: 200, contentType: 'application/json', body: JSON.stringify(body) }));
+    await signIn(page);
+    await page.getByText(`${total.toLocaleString('en-US')} observations (not deleted)`).waitFor();
+    await page.locator('svg.chart').nth(1).waitFor();
+    // Every label lies inside its chart's drawing area.
+    const outside = await page.evaluate(() => [...document.querySelectorAll('svg.chart')].flatMap((svg) => {
+      const width = svg.viewBox.baseVal.width;
+      return [...svg.querySelectorAll('text')]
+        .map((t) => ({ text: t.textContent, box: t.getBBox() }))
+        .filter(({ box }) => box.x < 0 || box.x + box.width > width)
+        .map(({ text, box }) => `${text}: ${box.x.toFixed(1)}..${(box.x + box.width).toFixed(1)} of ${width}`);
+    }));
+    assert.deepEqual(outside, []);
+    const ticks = await page.locator('svg.chart').first().locator('text').allTextContents();
+    assert.ok(ticks.some((t) => /^\d{1,2},\d{3},\d{3}$/.test(t)), ticks.join(' | '));
+    await shot(page, viewport.width < 500 ? 'overview-large-counts-mobile' : 'overview-large-counts');
+  }
+});

@@ -22,11 +22,17 @@ function niceMax(max) {
 // Drawn for the space available, so that labels keep a readable size on phones.
 const chartWidth = () => Math.min(720, Math.max(320, (document.getElementById('main')?.clientWidth || 720) - 48));
 
+// Axis text is 12px; a digit or separator of the UI font is at most this wide. Sizing the margins
+// from the longest label keeps "10,000,000" whole, where a fixed margin clipped it to "00,000".
+const CHAR_PX = 7.5;
+const textWidth = (text) => Math.ceil(String(text).length * CHAR_PX);
+
 export function columnChart(title, points, unit = 'observations') {
   const width = chartWidth();
   const height = 240;
-  const pad = { l: 44, r: 8, t: 12, b: 40 };
   const max = niceMax(Math.max(0, ...points.map((p) => p.count)));
+  const ticks = [0, 1, 2, 3, 4].map((i) => (max / 4) * i);
+  const pad = { l: Math.max(44, 10 + Math.max(...ticks.map((v) => textWidth(fmtNum(v))))), r: 8, t: 12, b: 40 };
   const innerW = width - pad.l - pad.r;
   const innerH = height - pad.t - pad.b;
   const slot = innerW / Math.max(points.length, 1);
@@ -38,8 +44,7 @@ export function columnChart(title, points, unit = 'observations') {
     'aria-label': `${title}: ${fmtNum(total)} ${unit} over ${points.length} periods`,
     preserveAspectRatio: 'xMidYMid meet',
   });
-  for (let i = 0; i <= 4; i += 1) {
-    const v = (max / 4) * i;
+  for (const v of ticks) {
     const y = pad.t + innerH - (v / max) * innerH;
     svg.append(s('line', { x1: pad.l, x2: width - pad.r, y1: y, y2: y, class: 'grid' }));
     svg.append(s('text', { x: pad.l - 6, y: y + 4, class: 'axis', 'text-anchor': 'end' }, fmtNum(v)));
@@ -58,9 +63,10 @@ export function columnChart(title, points, unit = 'observations') {
     bar.append(s('title', {}, `${p.label}: ${fmtNum(p.count)}`));
     svg.append(bar);
     if (i % labelEvery === 0) {
-      svg.append(
-        s('text', { x: x + slot * 0.35, y: height - pad.b + 16, class: 'axis', 'text-anchor': 'middle' }, p.label),
-      );
+      // Centred under its column, but never past either edge.
+      const half = textWidth(p.label) / 2;
+      const cx = Math.min(Math.max(x + slot * 0.35, half), width - half);
+      svg.append(s('text', { x: cx, y: height - pad.b + 16, class: 'axis', 'text-anchor': 'middle' }, p.label));
     }
   });
   return figure(title, svg, points, 'Period');
@@ -73,6 +79,8 @@ export function barChart(title, items) {
   const labelW = Math.round(width * 0.3);
   const height = Math.max(items.length, 1) * row + 8;
   const max = Math.max(1, ...items.map((p) => p.count));
+  // Room right of the longest bar for its count.
+  const countW = 6 + Math.max(...items.map((p) => textWidth(fmtNum(p.count))), 0) + 4;
   const svg = s('svg', {
     viewBox: `0 0 ${width} ${height}`,
     class: 'chart',
@@ -81,8 +89,9 @@ export function barChart(title, items) {
   });
   items.forEach((p, i) => {
     const y = 4 + i * row;
-    const w = ((width - labelW - 70) * p.count) / max;
-    const label = p.label.length > labelW / 7 ? `${p.label.slice(0, Math.floor(labelW / 7) - 1)}…` : p.label;
+    const w = ((width - labelW - countW) * p.count) / max;
+    const fits = Math.floor((labelW - 8) / CHAR_PX);
+    const label = p.label.length > fits ? `${p.label.slice(0, fits - 1)}…` : p.label;
     svg.append(s('text', { x: labelW - 8, y: y + 18, class: 'axis', 'text-anchor': 'end' }, label));
     const bar = s('rect', { x: labelW, y: y + 4, width: Math.max(w, 1), height: row - 10, class: `bar c${i % 6}` });
     bar.append(s('title', {}, `${p.label}: ${fmtNum(p.count)}`));

@@ -25,6 +25,16 @@ pub enum Command {
     /// Manage users directly in the database.
     #[command(subcommand)]
     User(UserCommand),
+    /// Statistics kept for `GET /stats/observations` and `GET /status`.
+    #[command(subcommand)]
+    Stats(StatsCommand),
+}
+
+#[derive(Subcommand)]
+pub enum StatsCommand {
+    /// Count the statistics again from the rows: after rows were changed with SQL by hand (the
+    /// server keeps them exact itself). Safe while the server runs.
+    Recount,
 }
 
 #[derive(Subcommand)]
@@ -58,6 +68,14 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             println!("migrations applied");
             Ok(())
         }
+        Command::Stats(StatsCommand::Recount) => {
+            let (pool, embedded) = connect_and_migrate(&config).await?;
+            let result = recount(&pool).await;
+            drop(pool);
+            stop_if_started_here(embedded).await?;
+            println!("counted {} observations", result?);
+            Ok(())
+        }
         Command::User(cmd) => {
             let (pool, embedded) = connect_and_migrate(&config).await?;
             let result = user_command(cmd, &config, &pool).await;
@@ -73,6 +91,16 @@ async fn stop_if_started_here(embedded: Option<EmbeddedHandle>) -> anyhow::Resul
         tokio::task::spawn_blocking(move || handle.cluster.stop()).await??;
     }
     Ok(())
+}
+
+/// Under the change-log lock, so that no commit runs between the count and its storing.
+async fn recount(pool: &deadpool_postgres::Pool) -> anyhow::Result<i64> {
+    let mut db = pool.get().await?;
+    let tx = db.transaction().await?;
+    crate::db::records::lock_change_log(&tx).await?;
+    let counted = crate::db::stats::recount(&tx).await?;
+    tx.commit().await?;
+    Ok(counted)
 }
 
 async fn user_command(

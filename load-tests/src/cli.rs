@@ -70,6 +70,8 @@ pub enum Cmd {
     DbCeiling(DbCeilingArgs),
     /// Loads N records fast (large batches, several connections) for the other scenarios.
     Seed(SeedArgs),
+    /// Latency of the statistics the portal overview loads, optionally after seeding rows by SQL.
+    Stats(StatsArgs),
 }
 
 impl Cmd {
@@ -83,6 +85,7 @@ impl Cmd {
             Cmd::Attachments(_) => "attachments",
             Cmd::DbCeiling(_) => "db-ceiling",
             Cmd::Seed(_) => "seed",
+            Cmd::Stats(_) => "stats",
         }
     }
 
@@ -97,6 +100,7 @@ impl Cmd {
             Cmd::Attachments(a) => serde_json::to_value(a),
             Cmd::DbCeiling(a) => serde_json::to_value(a),
             Cmd::Seed(a) => serde_json::to_value(a),
+            Cmd::Stats(a) => serde_json::to_value(a),
         };
         v.unwrap_or(serde_json::Value::Null)
     }
@@ -112,6 +116,7 @@ impl Cmd {
             Cmd::Attachments(a) => a.uploads.max(a.download_concurrency),
             Cmd::DbCeiling(a) => a.concurrency,
             Cmd::Seed(a) => a.concurrency,
+            Cmd::Stats(_) => 1,
         };
         n as usize
     }
@@ -331,4 +336,18 @@ pub struct SeedArgs {
     /// Form type of the seeded records.
     #[arg(long, default_value = "load_seed")]
     pub form_type: String,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct StatsArgs {
+    /// The server's database, to seed rows and to check the answer against a full count.
+    #[arg(long)]
+    #[serde(skip)]
+    pub db: Option<String>,
+    /// Rows to write straight into `records` first (needs --db).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+    pub seed_rows: u64,
+    /// Form types the seeded rows spread over.
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub seed_form_types: u64,
 }

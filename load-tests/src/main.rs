@@ -111,5 +111,6 @@ async fn dispatch(ctx: Arc<Ctx>, cmd: Cmd) -> Result<()> {
         Cmd::Attachments(a) => scenarios::attachments::run(ctx, a).await,
         Cmd::DbCeiling(a) => scenarios::db_ceiling::run(ctx, a).await,
         Cmd::Seed(a) => scenarios::seed::run(ctx, a).await,
+        Cmd::Stats(a) => scenarios::stats_latency::run(ctx, a).await,
     }
 }

@@ -49,6 +49,7 @@ pub struct NewAttachment {
     pub client_id: Option<String>,
 }
 
+/// Inserts the row and counts it (src/db/stats.rs): call it in the change log's transaction.
 pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) -> DbResult<AttachmentRow> {
     let sql = format!(
         "INSERT INTO attachments (id, sha256, size, content_type, uploaded_by, client_id, change_id)
@@ -60,6 +61,7 @@ pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) 
             &[&a.id, &a.sha256, &a.size, &a.content_type, &a.uploaded_by, &a.client_id, &change_id],
         )
         .await?;
+    super::stats::count_attachment(db).await?;
     Ok(from_row(&row))
 }
 

@@ -8,6 +8,7 @@ pub mod export;
 pub mod formspecs;
 pub mod presence;
 pub mod records;
+pub mod stats;
 pub mod status;
 pub mod supervision;
 pub mod tls;

@@ -11,7 +11,7 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{Json, ToSql, Type};
 use tokio_postgres::Row;
 
-use crate::db::DbResult;
+use crate::db::{stats, DbResult};
 use crate::domain::sync::{PushResult, StoredRecord};
 
 /// Serialises change_id allocation across server processes sharing one database.
@@ -127,6 +127,7 @@ pub async fn reset_repository(db: &impl GenericClient) -> DbResult<Head> {
         "DELETE FROM record_revisions; DELETE FROM records; DELETE FROM transmissions; DELETE FROM attachments;",
     )
     .await?;
+    stats::clear(db).await?;
     let row = db
         .query_one(
             "UPDATE change_head SET repository_generation = repository_generation + 1
@@ -360,6 +361,13 @@ pub async fn write_revisions(
     for &i in superseded_in_batch {
         superseded[i] = true;
     }
+    let current = (0..b.change_id.len()).filter(|&i| !superseded[i]);
+    stats::count_changes(
+        db,
+        overwritten_ids,
+        current.map(|i| (b.form_type[i], b.created_at[i], b.deleted[i])),
+    )
+    .await?;
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
         (0..b.change_id.len()).filter(|&i| !superseded[i]).partition(|&i| stored.contains(b.record_id[i]));

@@ -12,13 +12,21 @@ pub struct Counts {
 }
 
 pub async fn counts(db: &impl GenericClient) -> DbResult<Counts> {
-    let row =
-        db.query_one("SELECT (SELECT count(*) FROM records), (SELECT head FROM change_head), (SELECT version FROM bundle_active)", &[]).await?;
+    // The kept counts (src/db/stats.rs), read in the same statement as the head: counting
+    // millions of rows would take seconds.
+    let row = db
+        .query_one(
+            "SELECT (SELECT coalesce(sum(n), 0)::bigint FROM observation_counts),
+                    (SELECT n FROM attachment_count),
+                    (SELECT head FROM change_head), (SELECT version FROM bundle_active)",
+            &[],
+        )
+        .await?;
     Ok(Counts {
         observations: row.get(0),
-        attachments: 0,
-        head: row.get(1),
-        active_bundle_version: row.get(2),
+        attachments: row.get(1),
+        head: row.get(2),
+        active_bundle_version: row.get(3),
     })
 }
 

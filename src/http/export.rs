@@ -281,7 +281,7 @@ pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
 pub async fn observation_stats(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let stats = sql::observation_stats(&st.pool.get().await?).await?;
+    let stats = crate::db::stats::observation_stats(&st.pool.get().await?).await?;
     let week = stats.bucket_unit == "week";
     let step = if week { chrono::Duration::days(7) } else { chrono::Duration::days(1) };
     let range_start = stats.buckets.first().map(|b| time::format(b.0));

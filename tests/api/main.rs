@@ -19,5 +19,6 @@ mod metrics;
 mod openapi;
 mod portal;
 mod resilience;
+mod stats;
 mod sync;
 mod users;

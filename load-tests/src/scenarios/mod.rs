@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod initial_sync;
 pub mod push_storm;
 pub mod seed;
+pub mod stats_latency;
 
 use crate::api::{Api, Fail, PushResult};
 use crate::cli::Common;
