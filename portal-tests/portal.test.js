@@ -414,6 +414,68 @@ test('devices: presence with cursor lag; the layout works at 375 px', async () =
   await shot(phone, 'overview-mobile');
 });
 
+/**
+ * Starts navigating to `from` while the answer of the request matching `held` is withheld, moves
+ * on to `to` and lets that page finish loading, then releases the held answer and waits until the
+ * abandoned render has had every chance to paint.
+ */
+async function navigateAwayDuringLoad(page, { held, from, to }) {
+  let release;
+  const released = new Promise((resolve) => {
+    release = resolve;
+  });
+  let arrived;
+  const holding = new Promise((resolve) => {
+    arrived = resolve;
+  });
+  await page.route(held, async (route) => {
+    arrived();
+    await released;
+    await route.continue();
+  });
+  await page.evaluate((h) => {
+    location.hash = h;
+  }, from);
+  await holding;
+  await go(page, to);
+  const finished = page.waitForEvent('requestfinished', (r) => held.test(r.url()));
+  release();
+  await finished;
+  // The abandoned render's continuation runs on the next turns of the event loop.
+  await page.evaluate(() => new Promise((r) => setTimeout(r, 300)));
+  await page.unroute(held);
+}
+
+test('fast navigation never paints a page that finished loading after the user left it', async () => {
+  const page = await newPage();
+  await signIn(page);
+
+  // My account waits for /auth/me; the user goes on to Devices before it answers.
+  await navigateAwayDuringLoad(page, { held: /\/auth\/me$/, from: '#/account', to: '#/devices' });
+  const main = page.locator('#main');
+  assert.deepEqual(await main.locator('h1').allTextContents(), ['Devices']);
+  assert.equal(await main.getByRole('heading', { name: 'Change password' }).count(), 0);
+  assert.equal(await page.title(), 'Devices · Synkronus');
+  assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Devices');
+  assert.equal(await page.locator('#announcer').textContent(), 'Devices loaded');
+  await main.getByRole('heading', { name: 'Presence' }).waitFor();
+
+  // An observation waits for its record; the user goes on to Exports.
+  await navigateAwayDuringLoad(page, {
+    held: /\/observations\/obs_001$/, from: '#/observations/obs_001', to: '#/exports',
+  });
+  assert.deepEqual(await main.locator('h1').allTextContents(), ['Exports']);
+  assert.equal(await main.getByRole('heading', { name: 'Observation obs_001' }).count(), 0);
+  assert.equal(await main.getByRole('heading', { name: 'History' }).count(), 0);
+  assert.equal(await page.title(), 'Exports · Synkronus');
+
+  // The page that is on screen still works: going back shows the observation whole.
+  await go(page, '#/observations/obs_001');
+  await main.getByRole('heading', { name: 'Observation obs_001' }).waitFor();
+  await main.getByRole('heading', { name: 'History' }).waitFor();
+  assert.deepEqual(await main.locator('h1').allTextContents(), ['Observations']);
+});
+
 test('the overview chart keeps whole axis labels at ten million observations', async () => {
   // The server's own answer, with every count scaled up to millions: seeding ten million records
   // through the API would take minutes, and the chart only sees these numbers.

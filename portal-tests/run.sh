@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts the built server on a private embedded database and a free port, runs the browser tests
-# against it, then stops it. Usage: portal-tests/run.sh <path to the synkronus binary>
+# against it, then stops it. Usage: portal-tests/run.sh <path to the synkronus binary> [node --test options]
+# (for example --test-name-pattern='fast navigation' to run one test).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${1:?usage: run.sh <synkronus binary>}"
@@ -32,6 +33,6 @@ export PORTAL_BASE_URL="http://127.0.0.1:$port"
 # Short-lived access tokens, so that the tests see the portal refresh them.
 export PORTAL_JWT_TTL=20
 status=0
-(cd "$here" && node --test --test-reporter=spec) || status=$?
+(cd "$here" && node --test --test-reporter=spec "${@:2}") || status=$?
 if [ "$status" != 0 ]; then echo "--- server log ---"; tail -n 50 "$data/server.log"; fi
 exit "$status"

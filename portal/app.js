@@ -28,8 +28,21 @@ if (location.pathname + '/' === base.pathname || location.pathname === `${base.p
 const main = document.getElementById('main');
 const nav = document.getElementById('nav');
 const who = document.getElementById('who');
+// What the page on screen started (timers, pollers) and has to stop when it goes.
 let cleanup = null;
+// Raised by every navigation and sign-out. A render that was still awaiting its data when the
+// number moved on belongs to a page that is gone: its late result must not paint, focus or
+// announce anything, and whatever it started is stopped at once.
+let navigation = 0;
 let signedOutReason = '';
+
+function leavePage() {
+  navigation += 1;
+  if (cleanup) {
+    cleanup();
+    cleanup = null;
+  }
+}
 
 function parseHash() {
   const [path, ...rest] = location.hash.replace(/^#\/?/, '').split('/');
@@ -50,16 +63,14 @@ function drawNav(current) {
 }
 
 async function route() {
-  if (cleanup) {
-    cleanup();
-    cleanup = null;
-  }
+  // Skip links and other in-page anchors are not routes: the page stays as it is.
+  if (api.currentUser() && location.hash && !location.hash.startsWith('#/')) return;
+  leavePage();
+  const mine = navigation;
   if (!api.currentUser()) {
     signIn();
     return;
   }
-  // Skip links and other in-page anchors are not routes.
-  if (location.hash && !location.hash.startsWith('#/')) return;
   const { path, param } = parseHash();
   const r = ROUTES.find((x) => x.path === path) || ROUTES[0];
   const allowed = !r.admin || api.isAdmin();
@@ -67,21 +78,31 @@ async function route() {
   document.body.classList.remove('signed-out');
   document.title = `${r.title} · Synkronus`;
   const heading = h('h1', { tabindex: '-1' }, r.title);
-  main.replaceChildren(heading);
+  // Each visit renders into a container of its own: once the next navigation replaces it, a
+  // render that resolves late writes into a detached node, never into the new page.
+  const page = h('div', { class: 'page', 'data-page': r.path }, heading);
+  main.replaceChildren(page);
   main.setAttribute('aria-busy', 'true');
+  let dispose = null;
+  let failure = null;
   try {
     if (!allowed) {
-      main.append(errorBox({ code: 'FORBIDDEN', message: 'This page is for admins.' }));
+      page.append(errorBox({ code: 'FORBIDDEN', message: 'This page is for admins.' }));
     } else if (param !== null && r.detail) {
-      cleanup = (await r.detail(main, param)) || null;
+      dispose = (await r.detail(page, param)) || null;
     } else {
-      cleanup = (await r.render(main)) || null;
+      dispose = (await r.render(page)) || null;
     }
   } catch (err) {
-    main.append(errorBox(err));
-  } finally {
-    main.removeAttribute('aria-busy');
+    failure = err;
   }
+  if (mine !== navigation) {
+    if (dispose) dispose();
+    return;
+  }
+  cleanup = dispose;
+  if (failure) page.append(errorBox(failure));
+  main.removeAttribute('aria-busy');
   heading.focus({ preventScroll: true });
   announce(`${r.title} loaded`);
 }
@@ -91,6 +112,7 @@ function signIn() {
   nav.replaceChildren();
   who.replaceChildren();
   document.title = 'Sign in · Synkronus';
+  main.removeAttribute('aria-busy');
   const username = h('input', { id: 'username', name: 'username', autocomplete: 'username', required: true });
   const password = h('input', { id: 'password', name: 'password', type: 'password', autocomplete: 'current-password', required: true });
   const slot = h('div', { 'aria-live': 'assertive' });
@@ -132,10 +154,7 @@ api.onSessionChange((session, reason) => {
     route();
   } else {
     signedOutReason = reason || '';
-    if (cleanup) {
-      cleanup();
-      cleanup = null;
-    }
+    leavePage();
     signIn();
   }
 });
