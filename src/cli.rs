@@ -110,7 +110,7 @@ async fn user_command(
 ) -> anyhow::Result<()> {
     use crate::db::users;
     use crate::domain::user as rules;
-    let auth = crate::auth::AuthService::new(&config.jwt_secret, config.jwt_ttl, config.refresh_ttl)?;
+    let auth = crate::auth::AuthService::from_config(config, crate::clock::Clock::default())?;
     match cmd {
         UserCommand::Create { username, password, role, email } => {
             rules::validate_username(&username).map_err(|p| anyhow::anyhow!(p.0))?;

@@ -13,6 +13,7 @@ use anyhow::Context;
 
 use crate::auth::rate_limit::LoginLimiter;
 use crate::auth::AuthService;
+use crate::clock::Clock;
 use crate::config::{Config, DatabaseConfig};
 use crate::db;
 use crate::db::embedded::EmbeddedPostgres;
@@ -119,10 +120,11 @@ impl Application {
         let config = Arc::new(config);
         let (conn, embedded) = server_database_connection(&config).await?;
         let pool = connect_migrate(&config, &conn).await?;
-        let auth = Arc::new(AuthService::new(&config.jwt_secret, config.jwt_ttl, config.refresh_ttl)?);
+        let clock = Clock::default();
+        let auth = Arc::new(AuthService::from_config(&config, clock.clone())?);
         bootstrap_admin(&config, &pool, &auth).await?;
         check_data_root(&config)?;
-        let actors = crate::actors::start(&config, &pool, &conn).await?;
+        let actors = crate::actors::start(&config, &pool, &conn, &clock).await?;
 
         let state = AppState {
             config: config.clone(),
@@ -131,11 +133,13 @@ impl Application {
             login_limiter: Arc::new(LoginLimiter::new(config.rate_limit_login_per_min)),
             user_limiter: Arc::new(crate::auth::user_rate::UserLimiter::new(
                 config.rate_limit_per_user_per_sec,
+                clock.clone(),
             )),
             started_at: Instant::now(),
             ready: Arc::new(AtomicBool::new(true)),
             actors,
             schemas: Arc::new(crate::schema_check::SchemaCache::default()),
+            clock,
         };
 
         let listener = TcpListener::bind((config.bind_address, config.port))

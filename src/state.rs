@@ -19,6 +19,8 @@ pub struct AppState {
     pub ready: Arc<AtomicBool>,
     pub actors: crate::actors::Actors,
     pub schemas: Arc<crate::schema_check::SchemaCache>,
+    /// What expiry is measured on (see `crate::clock`).
+    pub clock: crate::clock::Clock,
 }
 
 impl AppState {

@@ -3,17 +3,19 @@
 //! commit: one transaction, under one advisory lock, that assigns change_ids in order, writes
 //! records, revisions and transmission results, moves the head, commits, then answers each sender.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use actix::prelude::*;
 use chrono::{SubsecRound, Utc};
 use deadpool_postgres::Pool;
 use tokio::sync::oneshot;
-use tokio_postgres::types::Json;
 
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
-use crate::db::records::{self, Head, RevisionBatch};
-use crate::domain::sync::{empty_object, IncomingRecord, PushResult, Warning};
+use crate::db::commit::{self, RevisionBatch};
+use crate::db::records::{self, Head};
+pub use crate::domain::sync::plan::Push;
+use crate::domain::sync::plan::{self, Outcome};
+use crate::domain::sync::PushResult;
 use crate::error::{ApiError, ApiResult, ErrorCode, SharedError};
 
 /// Bounds on one group commit: enough to amortise the transaction, small enough to keep latency
@@ -22,26 +24,6 @@ use crate::error::{ApiError, ApiResult, ErrorCode, SharedError};
 const MAX_PUSHES_PER_COMMIT: usize = 256;
 const MAX_RECORDS_PER_COMMIT: usize = 20_000;
 const MAX_DATA_BYTES_PER_COMMIT: usize = 16 << 20;
-
-/// A validated push, ready to commit.
-pub struct Push {
-    pub client_id: String,
-    pub transmission_id: Option<String>,
-    pub fingerprint: Vec<u8>,
-    pub records: Vec<IncomingRecord>,
-    /// Warnings found before the commit (decoding, schema checks), by record index.
-    pub warnings: Vec<(usize, Warning)>,
-    pub pushed_by: String,
-    /// The repository generation the client holds, when it sent one (API.md 17.2).
-    pub expected_generation: Option<i64>,
-}
-
-impl Push {
-    /// The JSON text the push stores, which dominates a commit's size.
-    fn data_bytes(&self) -> usize {
-        self.records.iter().map(|r| r.data.as_ref().map_or(0, |d| d.get().len())).sum()
-    }
-}
 
 impl Message for Push {
     type Result = ApiResult<PushOutcome>;
@@ -297,221 +279,42 @@ async fn commit_and_reply(pool: Pool, batch: Vec<Pending>) {
     }
 }
 
-/// A record's latest state while a batch is built: as stored, or as an earlier push of the same
-/// batch left it (then `batch_index` is that revision's row in the batch).
-#[derive(Clone, Copy)]
-struct Latest<'a> {
-    change_id: i64,
-    created_at: Option<chrono::DateTime<Utc>>,
-    created_by: &'a str,
-    data: Option<&'a serde_json::value::RawValue>,
-    batch_index: Option<usize>,
-}
-
-/// What a push turns into once the stored transmissions are known.
-enum Decision {
-    Apply,
-    Replay(PushResult),
-    /// A duplicate of an earlier push in the same batch: it replays that push's result.
-    SameAs(usize),
-    Mismatch,
-    /// The client holds another repository generation: nothing is stored.
-    ResetRequired,
-}
-
-/// One transaction for the whole batch. The outer error fails the batch; inner errors are per push.
+/// One transaction for the whole batch: reads what the plan needs, writes what it planned. The
+/// outer error fails the batch; inner errors are per push.
 async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOutcome>>> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     records::lock_change_log(&tx).await?;
     let Head { change_id: head, repository_generation } = records::head_and_generation(&tx).await?;
-
-    let decisions = decide(&tx, pushes, repository_generation).await?;
-
-    let applied =
-        || pushes.iter().zip(&decisions).filter(|(_, d)| matches!(d, Decision::Apply)).map(|(p, _)| p);
-    let mut ids: Vec<&str> = applied().flat_map(|p| p.records.iter().map(|r| r.id.as_str())).collect();
-    let need_data: Vec<&str> = applied()
-        .flat_map(|p| p.records.iter().filter(|r| r.data.is_none()).map(|r| r.id.as_str()))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let stored_states = records::current_states(&tx, &ids, &need_data).await?;
-    let mut latest: HashMap<&str, Latest> = stored_states
-        .iter()
-        .map(|(id, s)| {
-            let state = Latest {
-                change_id: s.change_id,
-                created_at: s.created_at,
-                created_by: &s.created_by,
-                data: s.data.as_deref(),
-                batch_index: None,
-            };
-            (id.as_str(), state)
-        })
-        .collect();
+    let (clients, transmission_ids) = plan::transmission_keys(pushes);
+    let stored = commit::find_transmissions(&tx, &clients, &transmission_ids).await?;
+    let decisions = plan::decide(pushes, stored, repository_generation);
+    let (ids, need_data) = plan::records_to_read(pushes, &decisions);
+    let states = commit::current_states(&tx, &ids, &need_data).await?;
 
     // Server time is the commit time; microseconds, as the database stores it.
     let now = Utc::now().trunc_subsecs(6);
-    let empty = empty_object();
-    let mut next = head;
-    let mut revisions = RevisionBatch::with_capacity(applied().map(|p| p.records.len()).sum());
-    let mut superseded_in_batch = Vec::new();
-    let mut results: Vec<Option<PushResult>> = vec![None; pushes.len()];
-    for (i, (push, decision)) in pushes.iter().zip(&decisions).enumerate() {
-        if !matches!(decision, Decision::Apply) {
-            continue;
-        }
-        let mut items = Vec::with_capacity(push.records.len());
-        let mut warnings = push.warnings.clone();
-        for (index, rec) in push.records.iter().enumerate() {
-            next += 1;
-            let prev = latest.get(rec.id.as_str()).copied();
-            let overwrote = prev.map(|s| s.change_id);
-            let conflict = match (rec.base_version, overwrote) {
-                (Some(base), Some(current)) if base < current => {
-                    warnings.push((index, Warning::conflict_overwritten(&rec.id, base, current)));
-                    true
-                }
-                _ => false,
-            };
-            let data = rec.data.as_deref().or_else(|| prev.and_then(|s| s.data)).unwrap_or(&empty);
-            let created_at = rec.created_at.or_else(|| prev.and_then(|s| s.created_at)).or(Some(now));
-            let created_by = prev.map_or(push.pushed_by.as_str(), |s| s.created_by);
-            if let Some(earlier) = prev.and_then(|s| s.batch_index) {
-                superseded_in_batch.push(earlier);
-            }
-
-            latest.insert(
-                &rec.id,
-                Latest {
-                    change_id: next,
-                    created_at,
-                    created_by,
-                    data: Some(data),
-                    batch_index: Some(revisions.change_id.len()),
-                },
-            );
-            revisions.change_id.push(next);
-            revisions.record_id.push(&rec.id);
-            revisions.form_type.push(&rec.form_type);
-            revisions.form_version.push(&rec.form_version);
-            revisions.data.push(Json(data));
-            revisions.deleted.push(rec.deleted);
-            revisions.created_at.push(created_at);
-            revisions.updated_at.push(rec.updated_at.or(Some(now)));
-            revisions.geolocation.push(rec.geolocation.as_ref());
-            revisions.author.push(rec.author.as_deref());
-            revisions.device_id.push(rec.device_id.as_deref());
-            revisions.tags.push(rec.tags.as_deref().map(Json));
-            revisions.client_id.push(&push.client_id);
-            revisions.transmission_id.push(push.transmission_id.as_deref());
-            revisions.pushed_by.push(&push.pushed_by);
-            revisions.created_by.push(created_by);
-            revisions.overwrote_version.push(overwrote);
-            revisions.conflict.push(conflict);
-            items.push((rec.id.clone(), next));
-        }
-        warnings.sort_by_key(|(index, _)| *index);
-        results[i] = Some(PushResult {
-            head: 0,
-            repository_generation,
-            items,
-            warnings: warnings.into_iter().map(|(_, w)| w).collect(),
-        });
-    }
-    for result in results.iter_mut().flatten() {
-        result.head = next;
-    }
-
+    let plan = plan::plan(pushes, &decisions, &states, head, repository_generation, now);
     // Records that existed before this batch and that it overwrites: their current state is
     // archived as a superseded revision.
-    let overwritten_ids: Vec<&str> = stored_states.keys().map(String::as_str).collect();
-    records::write_revisions(&tx, &revisions, &superseded_in_batch, &overwritten_ids, now).await?;
-    let mut t_clients = Vec::new();
-    let mut t_ids = Vec::new();
-    let mut t_prints = Vec::new();
-    let mut t_results = Vec::new();
-    for ((push, decision), result) in pushes.iter().zip(&decisions).zip(&results) {
-        if let (Decision::Apply, Some(tid), Some(result)) = (decision, &push.transmission_id, result) {
-            t_clients.push(push.client_id.as_str());
-            t_ids.push(tid.as_str());
-            t_prints.push(push.fingerprint.as_slice());
-            t_results.push(Json(result));
-        }
-    }
-    records::insert_transmissions(&tx, &t_clients, &t_ids, &t_prints, &t_results).await?;
-    if next != head {
-        records::set_head(&tx, next).await?;
+    let overwritten: Vec<&str> = states.keys().map(String::as_str).collect();
+    let revisions = RevisionBatch::from_plan(&plan);
+    commit::write_revisions(&tx, &revisions, &plan.superseded_in_batch, &overwritten, now).await?;
+    commit::insert_transmissions(&tx, pushes, &plan).await?;
+    if plan.head != head {
+        records::set_head(&tx, plan.head).await?;
     }
     tx.commit().await?;
-
-    Ok(decisions
-        .into_iter()
-        .enumerate()
-        .map(|(i, decision)| match decision {
-            Decision::Apply => results[i]
-                .clone()
-                .map(|result| PushOutcome { result, replayed: false })
-                .ok_or_else(|| ApiError::internal("missing push result")),
-            Decision::SameAs(j) => results[j]
-                .clone()
-                .map(|result| PushOutcome { result, replayed: true })
-                .ok_or_else(|| ApiError::internal("missing push result")),
-            Decision::Replay(result) => Ok(PushOutcome { result, replayed: true }),
-            Decision::Mismatch => Err(ApiError::of(ErrorCode::TransmissionMismatch)),
-            Decision::ResetRequired => Err(reset_required(repository_generation)),
-        })
-        .collect())
+    Ok(plan.outcomes(decisions).into_iter().map(answer).collect())
 }
 
-/// Replays, mismatches and in-batch duplicates, decided after the lock so that concurrent
-/// duplicates (in this batch, a later batch or another process) see each other's results.
-async fn decide(
-    tx: &deadpool_postgres::Transaction<'_>,
-    pushes: &[&Push],
-    repository_generation: i64,
-) -> ApiResult<Vec<Decision>> {
-    let keyed: Vec<(String, String)> = pushes
-        .iter()
-        .filter_map(|p| p.transmission_id.as_ref().map(|t| (p.client_id.clone(), t.clone())))
-        .collect();
-    let (clients, tids): (Vec<String>, Vec<String>) = keyed.into_iter().unzip();
-    let stored: HashMap<(String, String), records::StoredTransmission> =
-        records::find_transmissions(tx, &clients, &tids)
-            .await?
-            .into_iter()
-            .map(|t| ((t.client_id.clone(), t.transmission_id.clone()), t))
-            .collect();
-    let mut first_in_batch: HashMap<(String, String), usize> = HashMap::new();
-    let mut decisions = Vec::with_capacity(pushes.len());
-    for (i, push) in pushes.iter().enumerate() {
-        if push.expected_generation.is_some_and(|g| g != repository_generation) {
-            decisions.push(Decision::ResetRequired);
-            continue;
-        }
-        let Some(tid) = &push.transmission_id else {
-            decisions.push(Decision::Apply);
-            continue;
-        };
-        let key = (push.client_id.clone(), tid.clone());
-        let decision = if let Some(s) = stored.get(&key) {
-            if s.fingerprint == push.fingerprint {
-                Decision::Replay(s.result.clone())
-            } else {
-                Decision::Mismatch
-            }
-        } else if let Some(&j) = first_in_batch.get(&key) {
-            if pushes[j].fingerprint == push.fingerprint {
-                Decision::SameAs(j)
-            } else {
-                Decision::Mismatch
-            }
-        } else {
-            first_in_batch.insert(key, i);
-            Decision::Apply
-        };
-        decisions.push(decision);
+/// A planned outcome as the sender's answer.
+fn answer(outcome: Outcome) -> ApiResult<PushOutcome> {
+    match outcome {
+        Outcome::Applied(result) => Ok(PushOutcome { result, replayed: false }),
+        Outcome::Replayed(result) => Ok(PushOutcome { result, replayed: true }),
+        Outcome::Mismatch => Err(ApiError::of(ErrorCode::TransmissionMismatch)),
+        Outcome::ResetRequired(generation) => Err(reset_required(generation)),
+        Outcome::Lost => Err(ApiError::internal("missing push result")),
     }
-    Ok(decisions)
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use actix::dev::ToEnvelope;
 use actix::{Actor, Addr, Handler, MailboxError, Message};
 
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::{ApiError, ApiResult};
 
@@ -49,7 +50,12 @@ where
 
 /// Starts every actor; called once by the app factory. `conn` is the database connection
 /// string, for actors that need a dedicated connection (LISTEN) or a pool of their own (exports).
-pub async fn start(config: &Config, pool: &deadpool_postgres::Pool, conn: &str) -> anyhow::Result<Actors> {
+pub async fn start(
+    config: &Config,
+    pool: &deadpool_postgres::Pool,
+    conn: &str,
+    clock: &Clock,
+) -> anyhow::Result<Actors> {
     // The change log has connections of its own: its group commits send statements of many
     // megabytes, and a connection keeps buffers as large as the largest message it carried, so
     // sharing the request pool would leave every pooled connection holding that much memory.
@@ -62,7 +68,8 @@ pub async fn start(config: &Config, pool: &deadpool_postgres::Pool, conn: &str) 
         attachment_store::AttachmentStore::new(pool.clone(), change_log.clone(), &config.attachments_path)?
             .start(),
     );
-    let export_jobs = export_jobs::ExportJobsHandle(export_jobs::ExportJobs::new(config, conn)?.start());
+    let export_jobs =
+        export_jobs::ExportJobsHandle(export_jobs::ExportJobs::new(config, conn, clock.clone())?.start());
     spawn_housekeeping(pool.clone(), config.transmission_retention_days);
     Ok(Actors { change_log, presence, bundles, attachments, export_jobs })
 }

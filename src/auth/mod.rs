@@ -4,6 +4,9 @@
 pub mod rate_limit;
 pub mod user_rate;
 
+#[cfg(test)]
+mod fuzz;
+
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -17,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::clock::Clock;
 use crate::db::users::UserRow;
 use crate::domain::role::Role;
 use crate::domain::user::DEFAULT_ADMIN_PASSWORD;
@@ -83,6 +87,12 @@ pub struct AuthService {
     pub access_ttl: Duration,
     pub refresh_ttl: Duration,
     checks: DashMap<String, CachedCheck>,
+    /// bcrypt cost of new hashes; below `BCRYPT_COST` only in tests (`config::test_only`).
+    password_cost: u32,
+    /// Verified when the user is unknown, at the cost of a real hash.
+    dummy_hash: String,
+    /// Token lifetimes are measured on it.
+    clock: Clock,
     /// The last password hash compared with the shipped default password, and the answer: one
     /// bcrypt run costs a quarter of a second, and a hash only changes with its password.
     default_password_check: Mutex<Option<(String, bool)>>,
@@ -91,8 +101,8 @@ pub struct AuthService {
 impl AuthService {
     pub fn new(secret: &[u8], access_ttl: Duration, refresh_ttl: Duration) -> anyhow::Result<Self> {
         let mut validation = Validation::new(Algorithm::HS256);
-        validation.leeway = 0;
-        validation.validate_exp = true;
+        // Expiry is checked against the server's clock in `decode`, not the library's.
+        validation.validate_exp = false;
         validation.set_required_spec_claims(&["exp", "sub"]);
         Ok(AuthService {
             encoding: EncodingKey::from_secret(secret),
@@ -101,12 +111,26 @@ impl AuthService {
             access_ttl,
             refresh_ttl,
             checks: DashMap::new(),
+            password_cost: BCRYPT_COST,
+            dummy_hash: DUMMY_HASH.to_string(),
+            clock: Clock::default(),
             default_password_check: Mutex::new(None),
         })
     }
 
+    /// The service the configuration asks for.
+    pub fn from_config(config: &crate::config::Config, clock: Clock) -> anyhow::Result<Self> {
+        let mut auth = Self::new(&config.jwt_secret, config.jwt_ttl, config.refresh_ttl)?;
+        auth.clock = clock;
+        if config.password_hash_cost != BCRYPT_COST {
+            auth.password_cost = config.password_hash_cost;
+            auth.dummy_hash = bcrypt::hash("not-a-real-password", auth.password_cost)?;
+        }
+        Ok(auth)
+    }
+
     pub fn issue_access_token(&self, user: &UserRow) -> ApiResult<IssuedToken> {
-        let iat = Utc::now().timestamp();
+        let iat = self.clock.now().timestamp();
         let exp = iat + self.access_ttl.as_secs() as i64;
         // The generation rides in the jti so revocation needs no claim of its own.
         let jti = format!("{}.{}", Uuid::new_v4().simple(), user.token_generation);
@@ -126,14 +150,15 @@ impl AuthService {
     }
 
     /// Signature, algorithm and expiry; revocation is checked separately (it needs the database).
+    /// A token is valid up to and including the second of its `exp`.
     pub fn decode(&self, token: &str) -> Result<Claims, ErrorCode> {
-        match jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation) {
-            Ok(data) => Ok(data.claims),
-            Err(e) => match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => Err(ErrorCode::TokenExpired),
-                _ => Err(ErrorCode::InvalidToken),
-            },
+        let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+            .map_err(|_| ErrorCode::InvalidToken)?
+            .claims;
+        if claims.exp < self.clock.now().timestamp() {
+            return Err(ErrorCode::TokenExpired);
         }
+        Ok(claims)
     }
 
     /// Full verification: decode, then the per-user generation and the logout denylist.
@@ -190,7 +215,8 @@ impl AuthService {
     }
 
     pub async fn hash_password(&self, password: String) -> ApiResult<String> {
-        tokio::task::spawn_blocking(move || bcrypt::hash(password, BCRYPT_COST))
+        let cost = self.password_cost;
+        tokio::task::spawn_blocking(move || bcrypt::hash(password, cost))
             .await
             .map_err(ApiError::internal)?
             .map_err(ApiError::internal)
@@ -199,7 +225,7 @@ impl AuthService {
     /// Checks a password against a stored hash (or the dummy hash when the user is unknown).
     pub async fn verify_password(&self, password: String, hash: Option<String>) -> ApiResult<bool> {
         let known = hash.is_some();
-        let hash = hash.unwrap_or_else(|| DUMMY_HASH.to_string());
+        let hash = hash.unwrap_or_else(|| self.dummy_hash.clone());
         let ok = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash).unwrap_or(false))
             .await
             .map_err(ApiError::internal)?;

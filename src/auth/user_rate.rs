@@ -6,6 +6,8 @@ use std::time::Instant;
 use dashmap::DashMap;
 use uuid::Uuid;
 
+use crate::clock::Clock;
+
 struct Bucket {
     tokens: f64,
     at: Instant,
@@ -14,17 +16,18 @@ struct Bucket {
 pub struct UserLimiter {
     per_sec: f64,
     buckets: DashMap<Uuid, Bucket>,
+    clock: Clock,
 }
 
 impl UserLimiter {
     /// `per_sec` 0 turns the limit off.
-    pub fn new(per_sec: u32) -> Self {
-        UserLimiter { per_sec: f64::from(per_sec), buckets: DashMap::new() }
+    pub fn new(per_sec: u32, clock: Clock) -> Self {
+        UserLimiter { per_sec: f64::from(per_sec), buckets: DashMap::new(), clock }
     }
 
     /// Takes one token for `user`; false when the bucket is empty.
     pub fn try_take(&self, user: Uuid) -> bool {
-        self.try_take_at(user, Instant::now())
+        self.try_take_at(user, self.clock.instant())
     }
 
     fn try_take_at(&self, user: Uuid, now: Instant) -> bool {
@@ -53,7 +56,7 @@ mod tests {
 
     #[test]
     fn burst_of_two_r_then_refill_at_r() {
-        let limiter = UserLimiter::new(5);
+        let limiter = UserLimiter::new(5, Clock::default());
         let (user, other) = (Uuid::new_v4(), Uuid::new_v4());
         let t0 = Instant::now();
         assert_eq!((0..12).filter(|_| limiter.try_take_at(user, t0)).count(), 10);
@@ -67,7 +70,7 @@ mod tests {
 
     #[test]
     fn zero_disables() {
-        let limiter = UserLimiter::new(0);
+        let limiter = UserLimiter::new(0, Clock::default());
         let user = Uuid::new_v4();
         assert!((0..1000).all(|_| limiter.try_take(user)));
     }

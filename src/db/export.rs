@@ -8,17 +8,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Portal, Row, Transaction};
 
 use crate::db::DbResult;
-use crate::domain::export::ExportRow;
-
-/// Which records an export covers (API.md 13.1).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExportFilter {
-    /// Empty means every form type.
-    pub form_types: Vec<String>,
-    /// Only records whose latest change_id is greater.
-    pub since_change_id: i64,
-    pub include_deleted: bool,
-}
+use crate::domain::export::{ExportFilter, ExportRow};
 
 /// `$1` form types (empty = all), `$2` since, `$3` snapshot head, `$4` include deleted.
 const FILTER: &str = "(cardinality($1::text[]) = 0 OR form_type = ANY($1::text[])) \

@@ -2,6 +2,7 @@
 
 pub mod attachments;
 pub mod bundles;
+pub mod commit;
 pub mod embedded;
 pub mod error;
 pub mod export;

@@ -209,14 +209,19 @@ pub enum RefreshLookup {
     },
 }
 
-pub async fn consume_refresh_token(db: &impl GenericClient, token_hash: &[u8]) -> DbResult<RefreshLookup> {
+/// Looks the token up and, when it is valid at `now` (the server's clock), revokes it.
+pub async fn consume_refresh_token(
+    db: &impl GenericClient,
+    token_hash: &[u8],
+    now: DateTime<Utc>,
+) -> DbResult<RefreshLookup> {
     // Revoke-and-return in one statement: two racing refreshes cannot both succeed.
     let consumed = db
         .query_opt(
             "UPDATE refresh_tokens SET revoked_at = now()
-             WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > now()
+             WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > $2
              RETURNING user_id, family_id",
-            &[&token_hash],
+            &[&token_hash, &now],
         )
         .await?;
     if let Some(row) = consumed {
@@ -224,8 +229,8 @@ pub async fn consume_refresh_token(db: &impl GenericClient, token_hash: &[u8]) -
     }
     let existing = db
         .query_opt(
-            "SELECT family_id, revoked_at IS NOT NULL, expires_at <= now() FROM refresh_tokens WHERE token_hash = $1",
-            &[&token_hash],
+            "SELECT family_id, revoked_at IS NOT NULL, expires_at <= $2 FROM refresh_tokens WHERE token_hash = $1",
+            &[&token_hash, &now],
         )
         .await?;
     Ok(match existing {

@@ -61,3 +61,52 @@ mod tests {
         assert_eq!(decode::<Cursor>(TokenKind::Pull, "garbage"), None);
     }
 }
+
+/// Property suite: arbitrary and mutated tokens never panic; real ones round-trip.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use crate::domain::page_token::{decode, encode, TokenKind};
+    use crate::domain::sync::PullCursor;
+    use crate::testing::*;
+
+    fn kind() -> impl Strategy<Value = TokenKind> {
+        prop_oneof![Just(TokenKind::Pull), Just(TokenKind::Observations), Just(TokenKind::History)]
+    }
+
+    proptest! {
+        #![proptest_config(config(128))]
+
+        #[test]
+        fn arbitrary_strings_never_panic(token in any::<String>(), k in kind()) {
+            let _ = decode::<PullCursor>(k, &token);
+            let _ = decode::<Value>(k, &token);
+        }
+
+        #[test]
+        fn prefixed_garbage_never_panics(body in "[A-Za-z0-9_\\-=.+/ ]{0,200}", k in kind()) {
+            for prefix in ["p1.", "o1.", "h1."] {
+                let _ = decode::<PullCursor>(k, &format!("{}{}", prefix, body));
+            }
+        }
+
+        #[test]
+        fn tokens_round_trip_and_mutations_never_panic(
+            a in any::<i64>(),
+            t in proptest::collection::vec(any::<String>(), 0..4),
+            at in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let cursor = PullCursor { a, t };
+            let token = encode(TokenKind::Pull, &cursor);
+            prop_assert_eq!(decode::<PullCursor>(TokenKind::Pull, &token), Some(cursor));
+            prop_assert_eq!(decode::<PullCursor>(TokenKind::History, &token), None);
+            let mut bytes = token.into_bytes();
+            let i = at.index(bytes.len());
+            bytes[i] = byte;
+            let _ = decode::<PullCursor>(TokenKind::Pull, &String::from_utf8_lossy(&bytes));
+        }
+    }
+}

@@ -2,14 +2,15 @@
 
 use actix_web::http::header::HeaderValue;
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::{json, Value};
 
 use crate::db::presence;
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult};
-use crate::http::extract::{state, Auth, Fields, JsonBody};
+use crate::http::extract::{state, Auth, JsonBody};
 use crate::http::sync::{query_pairs, X_REPOSITORY_GENERATION};
+use crate::http::wire;
+use crate::http::wire::admin::{Device, ResetAnswer, ResetRequest};
 
 const RESET_CONFIRMATION: &str = "RESET_REPOSITORY";
 
@@ -17,7 +18,7 @@ const RESET_CONFIRMATION: &str = "RESET_REPOSITORY";
 ///
 /// Role: admin.
 #[utoipa::path(post, path = "/admin/repository/reset", tag = "admin",
-    request_body = Object, responses((status = 200, body = Object), (status = 400)),
+    request_body = ResetRequest, responses((status = 200, body = ResetAnswer), (status = 400)),
     security(("bearerAuth" = [])))]
 pub async fn reset_repository(
     req: HttpRequest,
@@ -26,7 +27,8 @@ pub async fn reset_repository(
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
-    let confirm = Fields::of(&body)?.opt_str(&["confirm"])?;
+    let body: ResetRequest = wire::object(&body)?;
+    let confirm = body.confirm.optional("confirm")?;
     if confirm != Some(RESET_CONFIRMATION) {
         return Err(ApiError::bad_request(format!(
             "Send {{\"confirm\": \"{RESET_CONFIRMATION}\"}} to reset the repository"
@@ -37,11 +39,11 @@ pub async fn reset_repository(
     let head = st.actors.attachments.reset_repository().await?;
     tracing::warn!(admin = %caller.username, generation = head.repository_generation, head = head.change_id,
         "repository reset: observations, history and attachments deleted");
-    let mut res = HttpResponse::Ok().json(json!({
-        "repository_generation": head.repository_generation,
-        "current_version": head.change_id,
-        "message": "Repository reset; devices must discard local data and sync again",
-    }));
+    let mut res = HttpResponse::Ok().json(ResetAnswer {
+        current_version: head.change_id,
+        message: "Repository reset; devices must discard local data and sync again",
+        repository_generation: head.repository_generation,
+    });
     res.headers_mut().insert(X_REPOSITORY_GENERATION.clone(), HeaderValue::from(head.repository_generation));
     Ok(res)
 }
@@ -51,7 +53,7 @@ pub async fn reset_repository(
 /// Role: admin.
 #[utoipa::path(get, path = "/devices", tag = "admin",
     params(("username" = Option<String>, Query, description = "A user name"), ("stale_after" = Option<String>, Query, description = "Only devices not seen for this many seconds")),
-    responses((status = 200, body = Object), (status = 400)),
+    responses((status = 200, body = [Device]), (status = 400)),
     security(("bearerAuth" = [])))]
 pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
@@ -67,18 +69,16 @@ pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     };
     let db = st.pool.get().await?;
     let (head, rows) = presence::list(&db, username, stale_after).await?;
-    let devices: Vec<Value> = rows
-        .iter()
-        .map(|d| {
-            json!({
-                "username": d.username,
-                "client_id": d.client_id,
-                "last_seen_at": time::format(d.last_seen_at),
-                "last_data_version": d.last_data_version,
-                "lag": d.last_data_version.map(|v| (head - v).max(0)),
-                "app_bundle_version": d.app_bundle_version,
-                "client_version": d.client_version,
-            })
+    let devices: Vec<Device> = rows
+        .into_iter()
+        .map(|d| Device {
+            app_bundle_version: d.app_bundle_version,
+            client_id: d.client_id,
+            client_version: d.client_version,
+            lag: d.last_data_version.map(|v| (head - v).max(0)),
+            last_data_version: d.last_data_version,
+            last_seen_at: time::format(d.last_seen_at),
+            username: d.username,
         })
         .collect();
     Ok(HttpResponse::Ok().json(devices))

@@ -8,17 +8,21 @@ use actix_web::body::SizedStream;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use crate::actors::attachment_store::{self, BlobPaths, Staged, Store};
-use crate::actors::change_log::AttachmentCommit;
 use crate::db::attachments::{self, AttachmentRow};
 use crate::domain::attachment::{self as rules, Quality, RangeAnswer};
 use crate::domain::role::Role;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::extract::{forwarded_header, path_param, state, Auth, Fields, JsonBody};
+use crate::http::extract::{forwarded_header, path_param, state, Auth, JsonBody};
 use crate::http::sync::{current_generation, query_pairs, report_sync};
+use crate::http::wire;
+use crate::http::wire::attachments::{
+    DownloadManifest, DownloadOperation, Manifest, ManifestOperation, ManifestRequest, OperationCount,
+    UploadAnswer,
+};
 use crate::state::AppState;
 
 /// Room for multipart boundaries and part headers when checking Content-Length against the limit.
@@ -148,23 +152,7 @@ async fn store(
             client_id: client_id.map(str::to_string),
         })
         .await?;
-    let mut answer = upload_answer(&commit);
-    answer["repository_generation"] = generation.into();
-    Ok(HttpResponse::Ok().json(answer))
-}
-
-fn upload_answer(commit: &AttachmentCommit) -> Value {
-    let row = &commit.row;
-    json!({
-        "status": "success",
-        "attachment_id": row.id,
-        "size": row.size,
-        "content_type": row.content_type,
-        "sha256": row.sha256,
-        "change_id": row.change_id,
-        "created": commit.created,
-        "created_at": crate::domain::time::format(row.created_at),
-    })
+    Ok(HttpResponse::Ok().json(UploadAnswer::new(&commit, generation)))
 }
 
 /// Upload (raw body)
@@ -174,7 +162,7 @@ fn upload_answer(commit: &AttachmentCommit) -> Value {
 /// `PUT /attachments/{id}`: a raw body, or a multipart `file` part.
 #[utoipa::path(put, path = "/attachments/{id}", tag = "attachments",
     params(("id" = String, Path, description = "The attachment id (may contain /)"), ("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")), request_body(content = Binary, content_type = "application/octet-stream"),
-    responses((status = 200, body = Object), (status = 400), (status = 409), (status = 413)),
+    responses((status = 200, body = UploadAnswer), (status = 400), (status = 409), (status = 413)),
     security(("bearerAuth" = [])))]
 pub async fn upload_put(
     req: HttpRequest,
@@ -205,8 +193,8 @@ pub async fn upload_put(
 ///
 /// `POST /attachments`: multipart with the file part and an optional `attachment_id`.
 #[utoipa::path(post, path = "/attachments", tag = "attachments", params(("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")),
-    request_body(content = Binary, content_type = "multipart/form-data"),
-    responses((status = 200, body = Object), (status = 400), (status = 409), (status = 413)),
+    request_body(content = AttachmentUpload, content_type = "multipart/form-data"),
+    responses((status = 200, body = UploadAnswer), (status = 400), (status = 409), (status = 413)),
     security(("bearerAuth" = [])))]
 pub async fn upload_post(
     req: HttpRequest,
@@ -365,7 +353,7 @@ enum Cursor {
 /// `GET /attachments/manifest` (the interface specification's shape).
 #[utoipa::path(get, path = "/attachments/manifest", tag = "attachments",
     params(("since" = Option<String>, Query, description = "Changes after this point"), ("after_change_id" = Option<String>, Query, description = "Changes after this change_id"), ("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")),
-    responses((status = 200, body = Object), (status = 400), (status = 409)),
+    responses((status = 200, body = Manifest), (status = 400), (status = 409)),
     security(("bearerAuth" = [])))]
 pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
@@ -377,18 +365,12 @@ pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
         Cursor::After(n) => attachments::changes_after(&db, n).await?,
         Cursor::Since(t) => attachments::changes_since(&db, t).await?,
     };
-    let operations: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            json!({"attachment_id": r.id, "operation": "upload", "change_id": r.change_id, "size": r.size,
-                   "content_type": r.content_type})
-        })
-        .collect();
-    Ok(HttpResponse::Ok().json(json!({
-        "operations": operations,
-        "change_cutoff": head,
-        "repository_generation": generation,
-    })))
+    let operations = rows.iter().map(ManifestOperation::from).collect();
+    Ok(HttpResponse::Ok().json(Manifest {
+        change_cutoff: head,
+        operations,
+        repository_generation: generation,
+    }))
 }
 
 /// Attachments changed since a cursor (Synkronus 1.0 shape)
@@ -397,7 +379,7 @@ pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
 ///
 /// `POST /attachments/manifest` (the Synkronus 1.0 shape Formulus reads).
 #[utoipa::path(post, path = "/attachments/manifest", tag = "attachments",
-    params(("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")), request_body = Object, responses((status = 200, body = Object), (status = 400), (status = 409)),
+    params(("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")), request_body = ManifestRequest, responses((status = 200, body = DownloadManifest), (status = 400), (status = 409)),
     security(("bearerAuth" = [])))]
 pub async fn manifest_post(
     req: HttpRequest,
@@ -406,9 +388,10 @@ pub async fn manifest_post(
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let fields = Fields::of(&body)?;
-    let client_id = fields.req_str(&["client_id", "clientId"])?;
-    let since = match fields.get("since_version").or_else(|| fields.get("sinceVersion")) {
+    let request: ManifestRequest = wire::object(&body)?;
+    let client_id =
+        wire::required_of(&[(&request.client_id, "client_id"), (&request.client_id_camel, "clientId")])?;
+    let since = match request.since_version.as_ref().or(request.since_version_camel.as_ref()) {
         None | Some(Value::Null) => 0,
         Some(v) => v.as_i64().filter(|n| *n >= 0).ok_or_else(|| {
             ApiError::bad_request("'since_version' must be an integer >= 0").with_path("/since_version")
@@ -421,21 +404,24 @@ pub async fn manifest_post(
     report_sync(&req, st, &caller.username, client_id, None);
     let base = format!("{}{}/attachments/", public_base(&req, st), route_prefix(&req));
     let total: i64 = rows.iter().map(|r| r.size).sum();
-    let operations: Vec<Value> = rows
+    let operations = rows
         .iter()
-        .map(|r| {
-            json!({"operation": "download", "attachment_id": r.id,
-                   "download_url": format!("{base}{}", rules::encode_segment(&r.id)),
-                   "size": r.size, "content_type": r.content_type, "version": r.change_id})
+        .map(|r| DownloadOperation {
+            attachment_id: r.id.clone(),
+            content_type: r.content_type.clone(),
+            download_url: format!("{base}{}", rules::encode_segment(&r.id)),
+            operation: "download",
+            size: r.size,
+            version: r.change_id,
         })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({
-        "current_version": head,
-        "operations": operations,
-        "total_download_size": total,
-        "operation_count": {"download": rows.len(), "delete": 0},
-        "repository_generation": generation,
-    })))
+    Ok(HttpResponse::Ok().json(DownloadManifest {
+        current_version: head,
+        operation_count: OperationCount { delete: 0, download: rows.len() },
+        operations,
+        repository_generation: generation,
+        total_download_size: total,
+    }))
 }
 
 /// The externally visible base URL (API.md 10.6): PUBLIC_URL, else the forwarding headers of a

@@ -1,7 +1,7 @@
 //! Login, refresh, logout, me, verify (API.md 6).
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use chrono::{Duration as ChronoDuration, Utc};
+use chrono::Duration as ChronoDuration;
 use uuid::Uuid;
 
 use crate::auth::{bearer_token, hash_refresh_token, new_refresh_token};
@@ -20,7 +20,7 @@ use crate::state::AppState;
 async fn token_response(st: &AppState, user: &UserRow, family: Uuid) -> ApiResult<TokenPair> {
     let access = st.auth.issue_access_token(user)?;
     let (refresh, refresh_hash) = new_refresh_token();
-    let refresh_expires = Utc::now() + ChronoDuration::seconds(st.auth.refresh_ttl.as_secs() as i64);
+    let refresh_expires = st.clock.now() + ChronoDuration::seconds(st.auth.refresh_ttl.as_secs() as i64);
     let db = st.pool.get().await?;
     db_users::insert_refresh_token(&db, &refresh_hash, user.id, family, refresh_expires).await?;
     let ttl = st.auth.access_ttl.as_secs();
@@ -79,18 +79,19 @@ pub async fn refresh(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<Ht
     let token = body.required()?;
     let db = st.pool.get().await?;
     let invalid = || ApiError::new(ErrorCode::InvalidToken, "Invalid refresh token");
-    let (user_id, family) = match db_users::consume_refresh_token(&db, &hash_refresh_token(token)).await? {
-        RefreshLookup::Consumed { user_id, family_id } => (user_id, family_id),
-        RefreshLookup::Reused { family_id } => {
-            db_users::revoke_refresh_family(&db, family_id).await?;
-            tracing::warn!(family = %family_id, "refresh token reused: family revoked");
-            return Err(invalid());
-        }
-        RefreshLookup::Expired => {
-            return Err(ApiError::new(ErrorCode::TokenExpired, "Refresh token expired"))
-        }
-        RefreshLookup::Unknown => return Err(invalid()),
-    };
+    let (user_id, family) =
+        match db_users::consume_refresh_token(&db, &hash_refresh_token(token), st.clock.now()).await? {
+            RefreshLookup::Consumed { user_id, family_id } => (user_id, family_id),
+            RefreshLookup::Reused { family_id } => {
+                db_users::revoke_refresh_family(&db, family_id).await?;
+                tracing::warn!(family = %family_id, "refresh token reused: family revoked");
+                return Err(invalid());
+            }
+            RefreshLookup::Expired => {
+                return Err(ApiError::new(ErrorCode::TokenExpired, "Refresh token expired"))
+            }
+            RefreshLookup::Unknown => return Err(invalid()),
+        };
     let user = db_users::find_by_id(&db, user_id).await?.ok_or_else(invalid)?;
     drop(db);
     let body = token_response(st, &user, family).await?;

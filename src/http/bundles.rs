@@ -11,7 +11,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use chrono::Utc;
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
@@ -22,7 +22,11 @@ use crate::domain::bundle::{diff_versions, strip_active_marker, Limits, VersionV
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::extract::{api_version, path_param, state, Auth, Fields, JsonBody};
+use crate::http::extract::{api_version, path_param, state, Auth, JsonBody};
+use crate::http::wire;
+use crate::http::wire::bundles::{
+    BundleVersion, BundleVersionEntry, BundleVersions, PushAnswer, SwitchAnswer, SwitchRequest,
+};
 use crate::state::AppState;
 
 /// Multipart framing around the ZIP: a Content-Length up to this much over the ZIP limit may
@@ -169,13 +173,13 @@ async fn upload(
     let upload = upload.and_then(TempUpload::into_path).ok_or_else(bad_multipart)?;
     let outcome = st.actors.bundles.push(Push { upload, activate, received_at }).await?;
     let manifest = serde_json::to_value(&outcome.version.manifest).map_err(ApiError::internal)?;
-    Ok(HttpResponse::Ok().json(json!({
-        "message": "App bundle successfully pushed",
-        "version": outcome.version.version,
-        "active": outcome.active,
-        "manifest": manifest,
-        "warnings": outcome.warnings,
-    })))
+    Ok(HttpResponse::Ok().json(PushAnswer {
+        active: outcome.active,
+        manifest,
+        message: "App bundle successfully pushed",
+        version: outcome.version.version.clone(),
+        warnings: outcome.warnings,
+    }))
 }
 
 /// Upload a bundle ZIP (multipart part bundle or file)
@@ -183,8 +187,8 @@ async fn upload(
 /// Role: admin.
 #[utoipa::path(post, path = "/app-bundle/push", tag = "app-bundle",
     params(("activate" = Option<bool>, Query, description = "Make the upload the active version")),
-    request_body(content = Binary, content_type = "multipart/form-data"),
-    responses((status = 200, body = Object), (status = 400), (status = 413)),
+    request_body(content = BundleUpload, content_type = "multipart/form-data"),
+    responses((status = 200, body = PushAnswer), (status = 400), (status = 413)),
     security(("bearerAuth" = [])))]
 pub async fn push(req: HttpRequest, caller: Auth, payload: web::Payload) -> ApiResult<HttpResponse> {
     upload(req, caller, payload, false).await
@@ -196,7 +200,7 @@ pub async fn push(req: HttpRequest, caller: Auth, payload: web::Payload) -> ApiR
 #[utoipa::path(put, path = "/app-bundle", tag = "app-bundle",
     params(("activate" = Option<bool>, Query, description = "Make the upload the active version")),
     request_body(content = Binary, content_type = "application/octet-stream"),
-    responses((status = 200, body = Object), (status = 400), (status = 413)),
+    responses((status = 200, body = PushAnswer), (status = 400), (status = 413)),
     security(("bearerAuth" = [])))]
 pub async fn put(req: HttpRequest, caller: Auth, payload: web::Payload) -> ApiResult<HttpResponse> {
     upload(req, caller, payload, true).await
@@ -210,19 +214,19 @@ async fn switch_to(st: &AppState, raw: Option<&str>) -> ApiResult<HttpResponse> 
         return Err(ApiError::bad_request("Version is required").with_path("/version"));
     }
     let outcome = st.actors.bundles.activate(version).await?;
-    Ok(HttpResponse::Ok().json(json!({
-        "message": format!("Switched to app bundle version {}", outcome.version),
-        "version": outcome.version,
-        "previous_version": outcome.previous_version,
-        "warnings": outcome.warnings,
-    })))
+    Ok(HttpResponse::Ok().json(SwitchAnswer {
+        message: format!("Switched to app bundle version {}", outcome.version),
+        previous_version: outcome.previous_version,
+        version: outcome.version,
+        warnings: outcome.warnings,
+    }))
 }
 
 /// Activate a version
 ///
 /// Role: admin.
 #[utoipa::path(post, path = "/app-bundle/switch/{version}", tag = "app-bundle",
-    params(("version" = String, Path, description = "The version to activate")), responses((status = 200, body = Object), (status = 400), (status = 404)),
+    params(("version" = String, Path, description = "The version to activate")), responses((status = 200, body = SwitchAnswer), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
 pub async fn switch_path(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
@@ -234,7 +238,7 @@ pub async fn switch_path(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Http
 ///
 /// Role: admin.
 #[utoipa::path(post, path = "/app-bundle/switch", tag = "app-bundle",
-    request_body = Object, responses((status = 200, body = Object), (status = 400), (status = 404)),
+    request_body = Option<SwitchRequest>, responses((status = 200, body = SwitchAnswer), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
 pub async fn switch_body(
     req: HttpRequest,
@@ -242,10 +246,11 @@ pub async fn switch_body(
     JsonBody(body): JsonBody,
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
-    let version = match &body {
+    let body: Option<SwitchRequest> = match &body {
         Value::Null => None,
-        other => Fields::of(other)?.opt_str(&["version"])?,
+        other => Some(wire::object(other)?),
     };
+    let version = body.as_ref().map(|b| b.version.optional("version")).transpose()?.flatten();
     switch_to(state(&req)?, version).await
 }
 
@@ -255,28 +260,27 @@ pub async fn switch_body(
 ///
 /// Role: read-only or above.
 #[utoipa::path(get, path = "/app-bundle/versions", tag = "app-bundle",
-    params(("x-api-version" = Option<String>, Header, description = "The API version the client speaks")), responses((status = 200, body = Object)),
+    params(("x-api-version" = Option<String>, Header, description = "The API version the client speaks")), responses((status = 200, body = BundleVersions)),
     security(("bearerAuth" = [])))]
 pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     let db = st.pool.get().await?;
     let versions = db::bundles::list(&db).await?;
-    let items: Vec<Value> = if api_version(&req) == ApiVersion::V1_0 {
-        versions
-            .iter()
-            .map(|v| Value::from(if v.active { format!("{} *", v.version) } else { v.version.clone() }))
-            .collect()
-    } else {
-        versions
-            .iter()
-            .map(|v| {
-                json!({"version": v.version, "created_at": time::format(v.created_at), "active": v.active,
-                       "name": v.name})
-            })
-            .collect()
-    };
-    Ok(HttpResponse::Ok().json(json!({ "versions": items })))
+    let marked = api_version(&req) == ApiVersion::V1_0;
+    let versions = versions
+        .into_iter()
+        .map(|v| match marked {
+            true => BundleVersionEntry::Marked(if v.active { format!("{} *", v.version) } else { v.version }),
+            false => BundleVersionEntry::Listed(BundleVersion {
+                active: v.active,
+                created_at: time::format(v.created_at),
+                name: v.name,
+                version: v.version,
+            }),
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(BundleVersions { versions }))
 }
 
 fn not_modified(tag: &str, version: &str) -> HttpResponse {

@@ -3,14 +3,15 @@
 
 use actix_web::http::{header, Method};
 use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::actors::export_jobs::{ExportFormat, ExportRequest, JobView};
-use crate::db::export::{self as sql, ExportFilter};
+use crate::db::export as sql;
+use crate::domain::export::{ExportFilter, ExportFormat, ExportRequest};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{path_param, state, Auth, JsonBody};
+use crate::http::wire::export::{Bucket, ExportJob, FormTypeCount, JobRequest, ObservationStats, Timeline};
 
 /// Export parameters as sent, from the query string and (for jobs) a JSON body.
 #[derive(Default)]
@@ -41,10 +42,9 @@ impl RawParams {
 
     /// Fills what the query left out from a JSON object body (the query wins).
     fn merge_body(&mut self, body: &Value) -> ApiResult<()> {
-        let obj = match body {
+        let body: JobRequest = match body {
             Value::Null => return Ok(()),
-            Value::Object(obj) => obj,
-            _ => return Err(ApiError::bad_request("Request body must be a JSON object")),
+            other => crate::http::wire::object(other)?,
         };
         let text = |key: &str, v: &Value| -> ApiResult<String> {
             match v {
@@ -55,11 +55,11 @@ impl RawParams {
                     .with_path(&format!("/{key}"))),
             }
         };
-        if let Some(v) = obj.get("format").filter(|v| !v.is_null()) {
+        if let Some(v) = body.format.as_ref().filter(|v| !v.is_null()) {
             self.format.get_or_insert(text("format", v)?);
         }
         if self.form_types.is_empty() {
-            match obj.get("form_type").or_else(|| obj.get("form_types")) {
+            match body.form_type.as_ref().or(body.form_types.as_ref()) {
                 None | Some(Value::Null) => {}
                 Some(Value::Array(items)) => {
                     for item in items {
@@ -79,12 +79,12 @@ impl RawParams {
                 }
             }
         }
-        if let Some(v) = obj.get("since_change_id").filter(|v| !v.is_null()) {
+        if let Some(v) = body.since_change_id.as_ref().filter(|v| !v.is_null()) {
             if self.since_change_id.is_none() {
                 self.since_change_id = Some(text("since_change_id", v)?);
             }
         }
-        if let Some(v) = obj.get("include_deleted").filter(|v| !v.is_null()) {
+        if let Some(v) = body.include_deleted.as_ref().filter(|v| !v.is_null()) {
             if self.include_deleted.is_none() {
                 self.include_deleted = Some(text("include_deleted", v)?);
             }
@@ -212,32 +212,12 @@ pub async fn raw_json(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     stream(&req, ExportRequest { format: ExportFormat::RawJson, filter }).await
 }
 
-fn job_json(job: &JobView) -> Value {
-    let ts = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(time::format);
-    json!({
-        "job_id": job.id,
-        "state": job.state.as_str(),
-        "format": job.format.as_str(),
-        "owner": job.owner,
-        "rows_done": job.rows_done,
-        "rows_total": job.rows_total,
-        "change_id": job.change_id,
-        "created_at": time::format(job.created_at),
-        "started_at": ts(job.started_at),
-        "finished_at": ts(job.finished_at),
-        "expires_at": ts(job.expires_at),
-        "error": job.error,
-        "download_url": (job.state == crate::actors::export_jobs::JobState::Done)
-            .then(|| format!("/dataexport/jobs/{}/download", job.id)),
-    })
-}
-
 /// Start a background export
 ///
 /// Role: read-only or above.
 #[utoipa::path(post, path = "/dataexport/jobs", tag = "export", params(("form_type" = Option<String>, Query, description = "Form types, comma-separated or repeated"), ("since_change_id" = Option<String>, Query, description = "Only records changed after this change_id"),
         ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("format" = Option<String>, Query, description = "parquet, json or csv")),
-    request_body = Option<Object>, responses((status = 202, body = Object), (status = 400)),
+    request_body = Option<JobRequest>, responses((status = 202, body = ExportJob), (status = 400)),
     security(("bearerAuth" = [])))]
 pub async fn create_job(
     req: HttpRequest,
@@ -252,21 +232,21 @@ pub async fn create_job(
     let job = st.actors.export_jobs.create_job(caller.username.clone(), request).await?;
     Ok(HttpResponse::Accepted()
         .insert_header((header::LOCATION, format!("/dataexport/jobs/{}", job.id)))
-        .json(job_json(&job)))
+        .json(ExportJob::from(&job)))
 }
 
 /// An export job's state
 ///
 /// Role: read-only or above.
 #[utoipa::path(get, path = "/dataexport/jobs/{id}", tag = "export", params(("id" = String, Path, description = "The job id")),
-    responses((status = 200, body = Object), (status = 404)),
+    responses((status = 200, body = ExportJob), (status = 404)),
     security(("bearerAuth" = [])))]
 pub async fn get_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let id = path_param(&req, "id")?;
     let st = state(&req)?;
     let job = st.actors.export_jobs.job(id, caller).await?;
-    Ok(HttpResponse::Ok().json(job_json(&job)))
+    Ok(HttpResponse::Ok().json(ExportJob::from(&job)))
 }
 
 /// A finished job's file
@@ -296,7 +276,7 @@ pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
 ///
 /// Role: read-only or above.
 #[utoipa::path(get, path = "/stats/observations", tag = "export",
-    responses((status = 200, body = Object), (status = 400)),
+    responses((status = 200, body = ObservationStats), (status = 400)),
     security(("bearerAuth" = [])))]
 pub async fn observation_stats(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
@@ -308,21 +288,29 @@ pub async fn observation_stats(req: HttpRequest, Auth(caller): Auth) -> ApiResul
     // The end of the last bucket (exclusive), so the range covers every bucket whole.
     let range_end = stats.buckets.last().map(|b| time::format(b.0 + step));
     let label = |ft: &str| if ft.is_empty() { "(no form type)".to_owned() } else { ft.to_owned() };
-    Ok(HttpResponse::Ok().json(json!({
-        "totalCount": stats.total,
-        "byFormType": stats.by_form_type.iter()
-            .map(|(ft, n)| json!({"formType": label(ft), "count": n}))
-            .collect::<Vec<_>>(),
-        "timeline": {
-            "bucketUnit": if week { "week" } else { "day" },
-            "rangeStart": range_start,
-            "rangeEnd": range_end,
-            "buckets": stats.buckets.iter()
-                .map(|(start, label, n)| json!({"bucketStart": time::format(*start), "label": label, "count": n}))
-                .collect::<Vec<_>>(),
+    Ok(HttpResponse::Ok().json(ObservationStats {
+        by_form_type: stats
+            .by_form_type
+            .iter()
+            .map(|(ft, n)| FormTypeCount { count: *n, form_type: label(ft) })
+            .collect(),
+        computed_at: stats.computed_at.map(time::format),
+        timeline: Timeline {
+            bucket_unit: if week { "week" } else { "day" },
+            buckets: stats
+                .buckets
+                .iter()
+                .map(|(start, label, n)| Bucket {
+                    bucket_start: time::format(*start),
+                    count: *n,
+                    label: label.clone(),
+                })
+                .collect(),
+            range_end,
+            range_start,
         },
-        "computedAt": stats.computed_at.map(time::format),
-    })))
+        total_count: stats.total,
+    }))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

@@ -1,4 +1,5 @@
 //! Request extractors that turn wire input into checked values or a 4xx from the error table.
+//! Bodies decode into the wire types of `http::wire`.
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -242,54 +243,6 @@ pub fn forwarded_header<'r>(req: &'r HttpRequest, trusted: &[ipnet::IpNet], name
         .and_then(|v| v.split(',').next())
         .map(str::trim)
         .filter(|v| !v.is_empty())
-}
-
-/// Typed access to fields of a JSON object body, with 400s that name the field.
-pub struct Fields<'a> {
-    obj: &'a serde_json::Map<String, Value>,
-}
-
-impl<'a> Fields<'a> {
-    pub fn of(body: &'a Value) -> ApiResult<Self> {
-        match body {
-            Value::Object(obj) => Ok(Fields { obj }),
-            _ => Err(ApiError::bad_request("Request body must be a JSON object")),
-        }
-    }
-
-    /// The first present alias, as a string; wrong type is a 400.
-    pub fn opt_str(&self, aliases: &[&str]) -> ApiResult<Option<&'a str>> {
-        for key in aliases {
-            match self.obj.get(*key) {
-                None | Some(Value::Null) => continue,
-                Some(Value::String(s)) => return Ok(Some(s.as_str())),
-                Some(_) => {
-                    return Err(ApiError::bad_request(format!("'{key}' must be a string"))
-                        .with_path(&format!("/{key}")))
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    /// A required non-empty string under any of its aliases.
-    pub fn req_str(&self, aliases: &[&str]) -> ApiResult<&'a str> {
-        match self.opt_str(aliases)? {
-            Some(s) if !s.is_empty() => Ok(s),
-            _ => {
-                let key = aliases.first().copied().unwrap_or("field");
-                Err(ApiError::bad_request(format!("'{key}' is required")).with_path(&format!("/{key}")))
-            }
-        }
-    }
-
-    pub fn get(&self, key: &str) -> Option<&'a Value> {
-        self.obj.get(key)
-    }
-
-    pub fn has(&self, key: &str) -> bool {
-        self.obj.contains_key(key)
-    }
 }
 
 #[cfg(test)]

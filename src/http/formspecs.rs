@@ -1,33 +1,25 @@
 //! Form specifications (API.md 11.1).
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::actors::bundle_store::NewFormSpec;
-use crate::db::formspecs::{self as db_specs, FormSpecRow, Registration};
+use crate::db::formspecs::{self as db_specs, Registration};
 use crate::domain::formspec::{check_content, is_valid_identifier};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
-use crate::http::extract::{path_param, state, Auth, Fields, JsonBody};
-
-fn spec_json(spec: &FormSpecRow) -> Value {
-    json!({
-        "formType": spec.form_type,
-        "form_type": spec.form_type,
-        "version": spec.version,
-        "schema": spec.schema,
-        "uischema": spec.uischema,
-        "created_at": time::format(spec.created_at),
-        "source": spec.source,
-    })
-}
+use crate::http::extract::{path_param, state, Auth, JsonBody};
+use crate::http::wire::formspecs::{
+    FormSpec, FormSpecList, FormSpecListed, FormSpecRequest, FormSpecVersion, FormSpecVersions,
+};
+use crate::http::wire::{self, Text};
 
 /// A required identifier field: a string of 1 to 255 characters without `/`.
-fn identifier<'a>(fields: &Fields<'a>, aliases: &[&str]) -> ApiResult<&'a str> {
-    let value = fields.req_str(aliases)?;
+fn identifier<'a>(spellings: &[(&'a Text, &str)]) -> ApiResult<&'a str> {
+    let value = wire::required_of(spellings)?;
     if !is_valid_identifier(value) {
-        let key = aliases.first().copied().unwrap_or("field");
+        let key = spellings.first().map(|(_, key)| *key).unwrap_or("field");
         return Err(ApiError::bad_request(format!("'{key}' must be 1 to 255 characters without '/'"))
             .with_path(&format!("/{key}")));
     }
@@ -35,9 +27,9 @@ fn identifier<'a>(fields: &Fields<'a>, aliases: &[&str]) -> ApiResult<&'a str> {
 }
 
 /// A required field of any JSON type (its content is checked afterwards, with 422s).
-fn required<'a>(fields: &Fields<'a>, aliases: &[&str]) -> ApiResult<&'a Value> {
-    aliases.iter().find_map(|key| fields.get(key).filter(|v| !v.is_null())).ok_or_else(|| {
-        let key = aliases.first().copied().unwrap_or("field");
+fn required<'a>(spellings: &[(&'a Option<Value>, &str)]) -> ApiResult<&'a Value> {
+    spellings.iter().find_map(|(value, _)| value.as_ref()).ok_or_else(|| {
+        let key = spellings.first().map(|(_, key)| *key).unwrap_or("field");
         ApiError::bad_request(format!("'{key}' is required")).with_path(&format!("/{key}"))
     })
 }
@@ -45,8 +37,8 @@ fn required<'a>(fields: &Fields<'a>, aliases: &[&str]) -> ApiResult<&'a Value> {
 /// Register a form spec version
 ///
 /// Role: admin.
-#[utoipa::path(post, path = "/formspecs", tag = "formspecs", request_body = Object,
-    responses((status = 200, body = Object), (status = 201, body = Object), (status = 400), (status = 409),
+#[utoipa::path(post, path = "/formspecs", tag = "formspecs", request_body = FormSpecRequest,
+    responses((status = 200, body = FormSpec), (status = 201, body = FormSpec), (status = 400), (status = 409),
         (status = 422)),
     security(("bearerAuth" = [])))]
 pub async fn create(
@@ -56,11 +48,15 @@ pub async fn create(
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
-    let fields = Fields::of(&body)?;
-    let form_type = identifier(&fields, &["formType", "form_type"])?;
-    let version = identifier(&fields, &["version"])?;
-    let schema = required(&fields, &["schema"])?;
-    let uischema = required(&fields, &["uischema", "uiSchema", "ui_schema"])?;
+    let body: FormSpecRequest = wire::object(&body)?;
+    let form_type = identifier(&[(&body.form_type_camel, "formType"), (&body.form_type, "form_type")])?;
+    let version = identifier(&[(&body.version, "version")])?;
+    let schema = required(&[(&body.schema, "schema")])?;
+    let uischema = required(&[
+        (&body.uischema, "uischema"),
+        (&body.uischema_camel, "uiSchema"),
+        (&body.uischema_snake, "ui_schema"),
+    ])?;
     let problems = check_content(schema, uischema);
     if !problems.is_empty() {
         let message = format!("The form spec content is invalid: {} problem(s)", problems.len());
@@ -74,8 +70,8 @@ pub async fn create(
         uischema: uischema.clone(),
     };
     match st.actors.bundles.register_form_spec(spec).await? {
-        Registration::Created(spec) => Ok(HttpResponse::Created().json(spec_json(&spec))),
-        Registration::Identical(spec) => Ok(HttpResponse::Ok().json(spec_json(&spec))),
+        Registration::Created(spec) => Ok(HttpResponse::Created().json(FormSpec::from(&spec))),
+        Registration::Identical(spec) => Ok(HttpResponse::Ok().json(FormSpec::from(&spec))),
         Registration::Conflict(_) => Err(ApiError::new(
             ErrorCode::Conflict,
             format!("Form spec {form_type} version {version} already exists with different content"),
@@ -87,27 +83,20 @@ pub async fn create(
 ///
 /// Role: read-only or above.
 #[utoipa::path(get, path = "/formspecs", tag = "formspecs",
-    responses((status = 200, body = Object)),
+    responses((status = 200, body = FormSpecList)),
     security(("bearerAuth" = [])))]
 pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let db = state(&req)?.pool.get().await?;
-    let specs: Vec<Value> = db_specs::list(&db)
-        .await?
-        .iter()
-        .map(|s| {
-            json!({"formType": s.form_type, "form_type": s.form_type, "version": s.version,
-                   "created_at": time::format(s.created_at), "source": s.source})
-        })
-        .collect();
-    Ok(HttpResponse::Ok().json(json!({ "formspecs": specs })))
+    let formspecs = db_specs::list(&db).await?.iter().map(FormSpecListed::from).collect();
+    Ok(HttpResponse::Ok().json(FormSpecList { formspecs }))
 }
 
 /// A form's versions
 ///
 /// Role: read-only or above.
 #[utoipa::path(get, path = "/formspecs/{form_type}", tag = "formspecs",
-    params(("form_type" = String, Path, description = "A form type")), responses((status = 200, body = Object), (status = 400), (status = 404)),
+    params(("form_type" = String, Path, description = "A form type")), responses((status = 200, body = FormSpecVersions), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
 pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
@@ -117,11 +106,15 @@ pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     if versions.is_empty() {
         return Err(ApiError::not_found(format!("No form specs for form type '{form_type}'")));
     }
-    let items: Vec<Value> = versions
+    let versions = versions
         .iter()
-        .map(|s| json!({"version": s.version, "created_at": time::format(s.created_at), "source": s.source}))
+        .map(|s| FormSpecVersion {
+            created_at: time::format(s.created_at),
+            source: s.source.clone(),
+            version: s.version.clone(),
+        })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({"formType": form_type, "form_type": form_type, "versions": items})))
+    Ok(HttpResponse::Ok().json(FormSpecVersions { form_type_camel: form_type.clone(), form_type, versions }))
 }
 
 /// One form spec
@@ -129,7 +122,7 @@ pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
 /// Role: read-only or above.
 #[utoipa::path(get, path = "/formspecs/{form_type}/{version}", tag = "formspecs",
     params(("form_type" = String, Path, description = "A form type"), ("version" = String, Path, description = "A form spec version")),
-    responses((status = 200, body = Object), (status = 400), (status = 404)),
+    responses((status = 200, body = FormSpec), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
 pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
@@ -139,7 +132,7 @@ pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     let spec = db_specs::get(&db, &form_type, &version)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("Form spec {form_type} version {version} not found")))?;
-    Ok(HttpResponse::Ok().json(spec_json(&spec)))
+    Ok(HttpResponse::Ok().json(FormSpec::from(&spec)))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

@@ -2,7 +2,7 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::{Map, Value};
 
 use crate::db::records::{self, Owner};
 use crate::domain::page_token::{self, TokenKind};
@@ -12,6 +12,7 @@ use crate::domain::sync::encode::synkronus_record;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::http::extract::{path_param, state, Auth};
 use crate::http::sync::query_pairs;
+use crate::http::wire::observations::{History, ObservationPage};
 
 #[derive(Serialize, Deserialize)]
 struct ListCursor {
@@ -58,7 +59,7 @@ fn parse_bool(raw: Option<&str>, name: &str, default: bool) -> ApiResult<bool> {
 #[utoipa::path(get, path = "/observations", tag = "observations",
     params(("all" = Option<bool>, Query, description = "All users' records (admins)"), ("user" = Option<String>, Query, description = "One user's records (admins)"), ("form_type" = Option<String>, Query, description = "Form types, comma-separated or repeated"),
         ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("limit" = Option<String>, Query, description = "integer; default 50, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page")),
-    responses((status = 200, body = Object), (status = 400)),
+    responses((status = 200, body = ObservationPage), (status = 400)),
     security(("bearerAuth" = [])))]
 pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
@@ -101,20 +102,20 @@ pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespons
     found.truncate(limit as usize);
     let cutoff = found.last().map(|r| r.record.change_id).unwrap_or(head);
     let next = ListCursor { a: if has_more { cutoff } else { head.max(cursor.a) }, ..cursor };
-    let observations: Vec<Value> = found
+    let observations = found
         .iter()
         .map(|o| {
             let mut m = synkronus_record(&o.record);
             m.insert("created_by".into(), o.created_by.clone().into());
-            Value::Object(m)
+            m
         })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({
-        "observations": observations,
-        "has_more": has_more,
-        "next_page_token": page_token::encode(TokenKind::Observations, &next),
-        "change_cutoff": cutoff,
-    })))
+    Ok(HttpResponse::Ok().json(ObservationPage {
+        change_cutoff: cutoff,
+        has_more,
+        next_page_token: page_token::encode(TokenKind::Observations, &next),
+        observations,
+    }))
 }
 
 /// One record
@@ -141,7 +142,7 @@ pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
 /// Role: read-only or above.
 #[utoipa::path(get, path = "/observations/{id}/history", tag = "observations",
     params(("id" = String, Path, description = "The observation id"), ("limit" = Option<String>, Query, description = "integer; default 50, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page")),
-    responses((status = 200, body = Object), (status = 400), (status = 404)),
+    responses((status = 200, body = History), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
 pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
@@ -169,7 +170,7 @@ pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     let mut revisions = records::history(&db, &id, before, limit).await?;
     let has_more = revisions.len() as i64 > limit;
     revisions.truncate(limit as usize);
-    let items: Vec<Value> = revisions
+    let items: Vec<Map<String, Value>> = revisions
         .iter()
         .map(|r| {
             let mut m = synkronus_record(&r.record);
@@ -182,17 +183,14 @@ pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
             m.insert("pushed_by".into(), r.pushed_by.clone().into());
             m.insert("overwrote_version".into(), r.overwrote_version.map(Value::from).unwrap_or(Value::Null));
             m.insert("conflict".into(), r.conflict.into());
-            Value::Object(m)
+            m
         })
         .collect();
-    let mut body = json!({"observation_id": id, "revisions": items, "has_more": has_more});
-    if has_more {
-        if let Some(last) = revisions.last() {
-            body["next_page_token"] =
-                page_token::encode(TokenKind::History, &HistoryCursor { b: last.record.change_id }).into();
-        }
-    }
-    Ok(HttpResponse::Ok().json(body))
+    let next_page_token = revisions
+        .last()
+        .filter(|_| has_more)
+        .map(|last| page_token::encode(TokenKind::History, &HistoryCursor { b: last.record.change_id }));
+    Ok(HttpResponse::Ok().json(History { has_more, next_page_token, observation_id: id, revisions: items }))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

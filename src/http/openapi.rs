@@ -20,7 +20,9 @@ use utoipa::OpenApi as _;
 use self::conventions::Conventions;
 use self::dialects::Dialects;
 
-use crate::http::wire::{self, auth as auth_wire, info, users as users_wire};
+use crate::http::wire::{self, admin as admin_wire, attachments as attachments_wire, auth as auth_wire};
+use crate::http::wire::{bundles as bundles_wire, export as export_wire, formspecs as formspecs_wire, info};
+use crate::http::wire::{observations as observations_wire, users as users_wire};
 use crate::http::{admin, attachments, auth, bundles, export, formspecs, health, metrics, observations};
 use crate::http::{sync, users};
 
@@ -119,6 +121,38 @@ use crate::http::{sync, users};
         users_wire::UpdateUser,
         users_wire::ResetPassword,
         users_wire::ChangePassword,
+        observations_wire::ObservationPage,
+        observations_wire::History,
+        admin_wire::ResetRequest,
+        admin_wire::ResetAnswer,
+        admin_wire::Device,
+        bundles_wire::BundleUpload,
+        bundles_wire::PushAnswer,
+        bundles_wire::SwitchRequest,
+        bundles_wire::SwitchAnswer,
+        bundles_wire::BundleVersions,
+        bundles_wire::BundleVersionEntry,
+        bundles_wire::BundleVersion,
+        formspecs_wire::FormSpecRequest,
+        formspecs_wire::FormSpec,
+        formspecs_wire::FormSpecList,
+        formspecs_wire::FormSpecListed,
+        formspecs_wire::FormSpecVersions,
+        formspecs_wire::FormSpecVersion,
+        attachments_wire::AttachmentUpload,
+        attachments_wire::UploadAnswer,
+        attachments_wire::Manifest,
+        attachments_wire::ManifestOperation,
+        attachments_wire::ManifestRequest,
+        attachments_wire::DownloadManifest,
+        attachments_wire::OperationCount,
+        attachments_wire::DownloadOperation,
+        export_wire::JobRequest,
+        export_wire::ExportJob,
+        export_wire::ObservationStats,
+        export_wire::FormTypeCount,
+        export_wire::Timeline,
+        export_wire::Bucket,
     )),
     modifiers(&Conventions, &Dialects)
 )]

@@ -21,22 +21,6 @@ fn sha(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-async fn put_raw(
-    app: &TestApp,
-    token: &str,
-    path: &str,
-    bytes: &[u8],
-    content_type: Option<&str>,
-) -> (StatusCode, Value) {
-    let mut req = app.client.put(app.url(path)).bearer_auth(token).body(bytes.to_vec());
-    if let Some(t) = content_type {
-        req = req.header("content-type", t);
-    }
-    let res = req.send().await.expect("upload");
-    let status = res.status();
-    (status, res.json().await.unwrap_or(Value::Null))
-}
-
 async fn send_multipart(
     app: &TestApp,
     method: Method,
@@ -61,16 +45,6 @@ fn file_part(bytes: &[u8], filename: &str, mime: &str) -> reqwest::multipart::Pa
         .file_name(filename.to_string())
         .mime_str(mime)
         .expect("mime")
-}
-
-async fn get_bytes(
-    app: &TestApp,
-    token: &str,
-    path: &str,
-) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
-    let res = app.client.get(app.url(path)).bearer_auth(token).send().await.expect("download");
-    let (status, headers) = (res.status(), res.headers().clone());
-    (status, headers, res.bytes().await.expect("body").to_vec())
 }
 
 async fn manifest(app: &TestApp, token: &str, query: &str) -> Value {
@@ -111,7 +85,7 @@ async fn raw_and_multipart_uploads_round_trip() {
 
     let raw = random_bytes(300_000);
     let (status, body) =
-        put_raw(&app, &admin, "/attachments/photo-1.jpg", &raw, Some("application/octet-stream")).await;
+        app.put_bytes(&admin, "/attachments/photo-1.jpg", &raw, Some("application/octet-stream")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["status"], "success");
     assert_eq!(body["attachment_id"], "photo-1.jpg");
@@ -120,7 +94,7 @@ async fn raw_and_multipart_uploads_round_trip() {
     assert_eq!(body["sha256"], sha(&raw));
     assert_eq!(body["created"], true);
     assert!(body["change_id"].as_i64().is_some_and(|c| c >= 1));
-    let (status, headers, got) = get_bytes(&app, &admin, "/attachments/photo-1.jpg").await;
+    let (status, headers, got) = app.get_bytes(&admin, "/attachments/photo-1.jpg").await;
     assert_eq!(status, StatusCode::OK);
     assert!(got == raw, "downloaded bytes differ");
     assert_eq!(headers["content-type"], "image/jpeg");
@@ -139,7 +113,7 @@ async fn raw_and_multipart_uploads_round_trip() {
     let (status, body) = send_multipart(&app, Method::PUT, &admin, "/attachments/pic", form).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["content_type"], "image/png");
-    let (_, headers, got) = get_bytes(&app, &admin, "/attachments/pic").await;
+    let (_, headers, got) = app.get_bytes(&admin, "/attachments/pic").await;
     assert!(got == png);
     assert_eq!(headers["content-type"], "image/png");
 
@@ -170,7 +144,7 @@ async fn raw_and_multipart_uploads_round_trip() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["attachment_id"], "posted.png");
     assert_eq!(body["content_type"], "image/png");
-    assert!(get_bytes(&app, &admin, "/attachments/posted.png").await.2 == a);
+    assert!(app.get_bytes(&admin, "/attachments/posted.png").await.2 == a);
     let b = random_bytes(10);
     let form = reqwest::multipart::Form::new().part("file", file_part(&b, "dir/base-name.txt", "text/plain"));
     let (status, body) = send_multipart(&app, Method::POST, &admin, "/api/attachments", form).await;
@@ -181,10 +155,10 @@ async fn raw_and_multipart_uploads_round_trip() {
     assert_error(status, &body, 400, "BAD_REQUEST");
 
     // Zero bytes are a valid attachment.
-    let (status, body) = put_raw(&app, &admin, "/attachments/empty.txt", b"", None).await;
+    let (status, body) = app.put_bytes(&admin, "/attachments/empty.txt", b"", None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["size"], 0);
-    let (status, headers, got) = get_bytes(&app, &admin, "/attachments/empty.txt").await;
+    let (status, headers, got) = app.get_bytes(&admin, "/attachments/empty.txt").await;
     assert_eq!(status, StatusCode::OK);
     assert!(got.is_empty());
     assert_eq!(headers["content-length"], "0");
@@ -199,12 +173,12 @@ async fn reuploads_are_idempotent_and_conflicts_keep_the_stored_bytes() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
     let bytes = random_bytes(20_000);
-    let (status, first) = put_raw(&app, &admin, "/attachments/a.bin", &bytes, None).await;
+    let (status, first) = app.put_bytes(&admin, "/attachments/a.bin", &bytes, None).await;
     assert_eq!(status, StatusCode::OK, "{first}");
     let head = head_change_id(&app, &admin).await;
     assert_eq!(head, first["change_id"].as_i64().expect("change_id"));
 
-    let (status, again) = put_raw(&app, &admin, "/attachments/a.bin", &bytes, None).await;
+    let (status, again) = app.put_bytes(&admin, "/attachments/a.bin", &bytes, None).await;
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again["created"], false);
     assert_eq!(again["change_id"], first["change_id"]);
@@ -215,13 +189,13 @@ async fn reuploads_are_idempotent_and_conflicts_keep_the_stored_bytes() {
     assert_eq!(m["change_cutoff"], head);
 
     let other = random_bytes(20_000);
-    let (status, body) = put_raw(&app, &admin, "/attachments/a.bin", &other, None).await;
+    let (status, body) = app.put_bytes(&admin, "/attachments/a.bin", &other, None).await;
     assert_error(status, &body, 409, "ATTACHMENT_EXISTS");
     assert_eq!(body["message"], "Attachment already exists");
     let form = reqwest::multipart::Form::new().part("file", file_part(&other, "a.bin", "image/png"));
     let (status, body) = send_multipart(&app, Method::PUT, &admin, "/attachments/a.bin", form).await;
     assert_error(status, &body, 409, "ATTACHMENT_EXISTS");
-    assert!(get_bytes(&app, &admin, "/attachments/a.bin").await.2 == bytes, "stored bytes unchanged");
+    assert!(app.get_bytes(&admin, "/attachments/a.bin").await.2 == bytes, "stored bytes unchanged");
     assert_eq!(head_change_id(&app, &admin).await, head);
     assert_eq!(tmp_files(&app), 0);
 }
@@ -242,7 +216,7 @@ async fn racing_uploads_of_one_id_store_exactly_one() {
         }
     });
     let results = futures_util::future::join_all(tasks).await;
-    let (_, _, stored) = get_bytes(&app, &admin, "/attachments/race.bin").await;
+    let (_, _, stored) = app.get_bytes(&admin, "/attachments/race.bin").await;
     assert!(stored == a || stored == b);
     let mut created = 0;
     for (bytes, status, body) in &results {
@@ -298,10 +272,10 @@ async fn an_interrupted_upload_leaves_nothing_and_can_be_retried() {
     assert_eq!(manifest(&app, &admin, "").await, before);
 
     let full = random_bytes(1_000_000);
-    let (status, body) = put_raw(&app, &admin, "/attachments/cut.bin", &full, None).await;
+    let (status, body) = app.put_bytes(&admin, "/attachments/cut.bin", &full, None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["created"], true);
-    assert!(get_bytes(&app, &admin, "/attachments/cut.bin").await.2 == full);
+    assert!(app.get_bytes(&admin, "/attachments/cut.bin").await.2 == full);
 }
 
 #[actix_web::test]
@@ -313,8 +287,8 @@ async fn manifests_list_every_users_uploads_with_absolute_urls() {
     let reader = app.user_token(&admin, "reader", "read-only").await;
     let one = random_bytes(1_000);
     let two = random_bytes(2_000);
-    let (_, first) = put_raw(&app, &admin, "/attachments/photo%201.jpg", &one, None).await;
-    let (status, second) = put_raw(&app, &writer, "/attachments/dir/b.png", &two, Some("image/png")).await;
+    let (_, first) = app.put_bytes(&admin, "/attachments/photo%201.jpg", &one, None).await;
+    let (status, second) = app.put_bytes(&writer, "/attachments/dir/b.png", &two, Some("image/png")).await;
     assert_eq!(status, StatusCode::OK, "{second}");
     assert_eq!(first["attachment_id"], "photo 1.jpg");
 
@@ -439,7 +413,7 @@ async fn manifests_list_every_users_uploads_with_absolute_urls() {
 async fn forwarding_headers_from_an_untrusted_peer_are_ignored() {
     let app = TestApp::spawn_with(&[("TRUSTED_PROXIES", "10.0.0.0/8")]).await;
     let admin = app.admin_token().await;
-    put_raw(&app, &admin, "/attachments/photo%201.jpg", b"abc", None).await;
+    app.put_bytes(&admin, "/attachments/photo%201.jpg", b"abc", None).await;
     let res = app
         .client
         .post(app.url("/attachments/manifest"))
@@ -462,7 +436,7 @@ async fn forwarding_headers_from_an_untrusted_peer_are_ignored() {
 async fn public_url_wins_for_download_urls() {
     let app = TestApp::spawn_with(&[("PUBLIC_URL", "https://sync.example.org/synk/")]).await;
     let admin = app.admin_token().await;
-    put_raw(&app, &admin, "/attachments/photo%201.jpg", b"abc", None).await;
+    app.put_bytes(&admin, "/attachments/photo%201.jpg", b"abc", None).await;
     let res = app
         .client
         .post(app.url("/api/v1/attachments/manifest"))
@@ -482,7 +456,7 @@ async fn public_url_wins_for_download_urls() {
         .as_str()
         .expect("url")
         .replace("https://sync.example.org/synk", "");
-    assert_eq!(get_bytes(&app, &admin, &path).await.2, b"abc");
+    assert_eq!(app.get_bytes(&admin, &path).await.2, b"abc");
 }
 
 #[actix_web::test]
@@ -490,7 +464,7 @@ async fn ranges_conditionals_and_head() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
     let bytes = random_bytes(1_000);
-    put_raw(&app, &admin, "/attachments/r.bin", &bytes, None).await;
+    app.put_bytes(&admin, "/attachments/r.bin", &bytes, None).await;
     let etag = format!("\"{}\"", sha(&bytes));
     let get = |range: Option<&str>, extra: Option<(&str, &str)>| {
         let mut req = app.client.get(app.url("/attachments/r.bin")).bearer_auth(&admin);
@@ -573,10 +547,10 @@ async fn quality_variants_are_smaller_images_of_the_same_shape() {
     let admin = app.admin_token().await;
     let png = encoded_image(1200, 800, image::ImageFormat::Png);
     let jpeg = encoded_image(600, 900, image::ImageFormat::Jpeg);
-    put_raw(&app, &admin, "/attachments/big.png", &png, None).await;
-    put_raw(&app, &admin, "/attachments/tall.jpg", &jpeg, None).await;
-    put_raw(&app, &admin, "/attachments/broken.png", b"not really a png", None).await;
-    put_raw(&app, &admin, "/attachments/notes.txt", b"plain text", None).await;
+    app.put_bytes(&admin, "/attachments/big.png", &png, None).await;
+    app.put_bytes(&admin, "/attachments/tall.jpg", &jpeg, None).await;
+    app.put_bytes(&admin, "/attachments/broken.png", b"not really a png", None).await;
+    app.put_bytes(&admin, "/attachments/notes.txt", b"plain text", None).await;
 
     let cases = [
         ("big.png", "small", image::ImageFormat::Png, (256, 171)),
@@ -586,7 +560,7 @@ async fn quality_variants_are_smaller_images_of_the_same_shape() {
     for (id, quality, format, (w, h)) in cases {
         for _ in 0..2 {
             let (status, headers, body) =
-                get_bytes(&app, &admin, &format!("/attachments/{id}?quality={quality}")).await;
+                app.get_bytes(&admin, &format!("/attachments/{id}?quality={quality}")).await;
             assert_eq!(status, StatusCode::OK);
             let original = if id == "big.png" { &png } else { &jpeg };
             assert_eq!(headers["etag"], format!("\"{}-{quality}\"", sha(original)).as_str());
@@ -603,13 +577,13 @@ async fn quality_variants_are_smaller_images_of_the_same_shape() {
         "/attachments/big.png?quality=original",
         "/attachments/big.png?quality=tiny",
     ] {
-        let (status, headers, body) = get_bytes(&app, &admin, path).await;
+        let (status, headers, body) = app.get_bytes(&admin, path).await;
         assert_eq!(status, StatusCode::OK, "{path}");
         assert!(body == png, "{path}");
         assert_eq!(headers["etag"], format!("\"{}\"", sha(&png)).as_str());
     }
-    assert_eq!(get_bytes(&app, &admin, "/attachments/broken.png?quality=small").await.2, b"not really a png");
-    assert_eq!(get_bytes(&app, &admin, "/attachments/notes.txt?quality=small").await.2, b"plain text");
+    assert_eq!(app.get_bytes(&admin, "/attachments/broken.png?quality=small").await.2, b"not really a png");
+    assert_eq!(app.get_bytes(&admin, "/attachments/notes.txt?quality=small").await.2, b"plain text");
     let res = app
         .client
         .get(app.url("/attachments/big.png?quality=small"))
@@ -626,7 +600,7 @@ async fn roles_are_checked_after_authentication() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
     let reader = app.user_token(&admin, "reader", "read-only").await;
-    let (status, body) = put_raw(&app, &reader, "/attachments/x.bin", b"abc", None).await;
+    let (status, body) = app.put_bytes(&reader, "/attachments/x.bin", b"abc", None).await;
     assert_error(status, &body, 403, "FORBIDDEN");
     let form = reqwest::multipart::Form::new().part("file", file_part(b"abc", "x.bin", "text/plain"));
     let (status, body) = send_multipart(&app, Method::POST, &reader, "/attachments", form).await;
@@ -637,9 +611,9 @@ async fn roles_are_checked_after_authentication() {
     assert_error(status, &body, 401, "MISSING_TOKEN");
     let (status, body) = app.call(Method::GET, "/attachments/export-zip", None, None).await;
     assert_error(status, &body, 401, "MISSING_TOKEN");
-    let (status, _) = put_raw(&app, &admin, "/attachments/x.bin", b"abc", None).await;
+    let (status, _) = app.put_bytes(&admin, "/attachments/x.bin", b"abc", None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(get_bytes(&app, &reader, "/attachments/x.bin").await.2, b"abc");
+    assert_eq!(app.get_bytes(&reader, "/attachments/x.bin").await.2, b"abc");
     let (status, _) =
         app.call(Method::POST, "/attachments/manifest", Some(&reader), Some(json!({"client_id": "r"}))).await;
     assert_eq!(status, StatusCode::OK);
@@ -697,20 +671,20 @@ async fn ids_with_slashes_work_everywhere() {
     let admin = app.admin_token().await;
     let bytes = random_bytes(4_000);
     let (status, body) =
-        put_raw(&app, &admin, "/api/v1/attachments/forms/site 1/photo.jpg", &bytes, None).await;
+        app.put_bytes(&admin, "/api/v1/attachments/forms/site 1/photo.jpg", &bytes, None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["attachment_id"], "forms/site 1/photo.jpg");
     assert_eq!(body["content_type"], "image/jpeg");
-    let (status, headers, got) = get_bytes(&app, &admin, "/attachments/forms/site%201/photo.jpg").await;
+    let (status, headers, got) = app.get_bytes(&admin, "/attachments/forms/site%201/photo.jpg").await;
     assert_eq!(status, StatusCode::OK);
     assert!(got == bytes);
     assert_eq!(headers["content-disposition"], "attachment; filename=\"photo.jpg\"");
-    let (_, _, encoded) = get_bytes(&app, &admin, "/attachments/forms%2Fsite%201%2Fphoto.jpg").await;
+    let (_, _, encoded) = app.get_bytes(&admin, "/attachments/forms%2Fsite%201%2Fphoto.jpg").await;
     assert!(encoded == bytes, "a percent-encoded slash names the same id");
     let res = app.send(Method::HEAD, "/api/attachments/forms/site%201/photo.jpg", Some(&admin), None).await;
     assert_eq!(res.status(), StatusCode::OK);
     let (status, again) =
-        put_raw(&app, &admin, "/attachments/forms%2Fsite%201%2Fphoto.jpg", &bytes, None).await;
+        app.put_bytes(&admin, "/attachments/forms%2Fsite%201%2Fphoto.jpg", &bytes, None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(again["created"], false);
     let ops = manifest(&app, &admin, "").await["operations"].as_array().expect("ops").clone();
@@ -718,15 +692,15 @@ async fn ids_with_slashes_work_everywhere() {
     assert_eq!(ops[0]["attachment_id"], "forms/site 1/photo.jpg");
     let max = format!("{}/{}", "d".repeat(255), "f".repeat(256));
     assert_eq!(max.len(), 512);
-    let (status, body) = put_raw(&app, &admin, &format!("/attachments/{max}"), b"m", None).await;
+    let (status, body) = app.put_bytes(&admin, &format!("/attachments/{max}"), b"m", None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(get_bytes(&app, &admin, &format!("/attachments/{max}")).await.2, b"m");
+    assert_eq!(app.get_bytes(&admin, &format!("/attachments/{max}")).await.2, b"m");
     let (status, body) = app.call(Method::GET, "/attachments/forms/site%201", Some(&admin), None).await;
     assert_error(status, &body, 404, "NOT_FOUND");
     let non_ascii = "fotos/ñandú ü.jpg";
     let path = format!("/attachments/{}", percent_encode(non_ascii));
-    put_raw(&app, &admin, &path, b"n", None).await;
-    let (_, headers, _) = get_bytes(&app, &admin, &path).await;
+    app.put_bytes(&admin, &path, b"n", None).await;
+    let (_, headers, _) = app.get_bytes(&admin, &path).await;
     assert_eq!(
         headers["content-disposition"],
         "attachment; filename=\"_and_ _.jpg\"; filename*=UTF-8''%C3%B1and%C3%BA%20%C3%BC.jpg"
@@ -749,7 +723,7 @@ fn percent_encode(s: &str) -> String {
 async fn oversized_uploads_get_413_and_leave_nothing() {
     let app = TestApp::spawn_with(&[("MAX_ATTACHMENT_BYTES", "1000")]).await;
     let admin = app.admin_token().await;
-    let (status, body) = put_raw(&app, &admin, "/attachments/big.bin", &random_bytes(5_000), None).await;
+    let (status, body) = app.put_bytes(&admin, "/attachments/big.bin", &random_bytes(5_000), None).await;
     assert_error(status, &body, 413, "PAYLOAD_TOO_LARGE");
     // Without Content-Length the limit is enforced while streaming.
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..5).map(|_| Ok(random_bytes(400))).collect();
@@ -768,7 +742,7 @@ async fn oversized_uploads_get_413_and_leave_nothing() {
         .part("file", file_part(&random_bytes(1_500), "big.bin", "text/plain"));
     let (status, body) = send_multipart(&app, Method::PUT, &admin, "/attachments/big.bin", form).await;
     assert_error(status, &body, 413, "PAYLOAD_TOO_LARGE");
-    let (status, body) = put_raw(&app, &admin, "/attachments/fits.bin", &random_bytes(1_000), None).await;
+    let (status, body) = app.put_bytes(&admin, "/attachments/fits.bin", &random_bytes(1_000), None).await;
     assert_eq!(status, StatusCode::OK, "exactly the limit fits: {body}");
     let (status, body) = app.call(Method::GET, "/attachments/big.bin", Some(&admin), None).await;
     assert_error(status, &body, 404, "NOT_FOUND");
@@ -782,10 +756,10 @@ async fn export_zip_holds_every_attachment() {
     let reader = app.user_token(&admin, "reader", "read-only").await;
     let files = [("a.jpg", random_bytes(70_000)), ("dir/b.png", random_bytes(10)), ("empty", Vec::new())];
     for (id, bytes) in &files {
-        let (status, body) = put_raw(&app, &admin, &format!("/attachments/{id}"), bytes, None).await;
+        let (status, body) = app.put_bytes(&admin, &format!("/attachments/{id}"), bytes, None).await;
         assert_eq!(status, StatusCode::OK, "{body}");
     }
-    let (status, headers, zip_bytes) = get_bytes(&app, &reader, "/api/attachments/export-zip").await;
+    let (status, headers, zip_bytes) = app.get_bytes(&reader, "/api/attachments/export-zip").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-type"], "application/zip");
     let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zip_bytes)).expect("valid zip");
@@ -860,7 +834,7 @@ async fn an_upload_racing_a_repository_reset_keeps_its_file() {
         .map(|o| o["attachment_id"].clone())
         .collect();
     assert_eq!(ids, vec![json!("during-reset.bin")], "the upload committed after the reset");
-    let (status, _, stored) = get_bytes(&app, &admin, "/attachments/during-reset.bin").await;
+    let (status, _, stored) = app.get_bytes(&admin, "/attachments/during-reset.bin").await;
     assert_eq!(status, StatusCode::OK, "a listed attachment has its file");
     assert!(stored == bytes, "the stored file is the uploaded one");
 }

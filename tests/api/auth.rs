@@ -265,7 +265,7 @@ async fn an_expired_refresh_token_gives_token_expired() {
     let app = TestApp::spawn_with(&[("REFRESH_TTL_SECONDS", "1")]).await;
     let (_, login) = login_body(&app, "admin", ADMIN_PASSWORD).await;
     let r = login["refresh_token"].as_str().expect("refresh");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    app.advance_clock(Duration::from_secs(2));
     let (status, body) = refresh(&app, r).await;
     assert_error(status, &body, 401, "TOKEN_EXPIRED");
 }
@@ -278,7 +278,7 @@ async fn an_expired_access_token_gives_token_expired() {
     let token = login["token"].as_str().expect("token");
     let (status, _) = me(&app, token).await;
     assert_eq!(status, StatusCode::OK);
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    app.advance_clock(Duration::from_secs(2));
     for (method, path) in [(Method::GET, "/auth/me"), (Method::POST, "/auth/logout"), (Method::GET, "/users")]
     {
         let (status, body) = app.call(method, path, Some(token), None).await;

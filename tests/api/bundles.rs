@@ -6,38 +6,15 @@ use std::io::{Cursor, Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::multipart::{Form, Part};
+use reqwest::multipart::Form;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::helpers::{assert_error, TestApp};
+use crate::helpers::{assert_error, small_bundle, zip_bytes, TestApp};
 
 const BUNDLE01: &[u8] = include_bytes!("../fixtures/upstream/valid_bundle01.zip");
 const BUNDLE02: &[u8] = include_bytes!("../fixtures/upstream/valid_bundle02.zip");
-
-pub fn zip_bytes(entries: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut writer = zip::ZipWriter::new(Cursor::new(Vec::new()));
-    for (name, bytes) in entries {
-        writer.start_file(*name, zip::write::SimpleFileOptions::default()).expect("start entry");
-        writer.write_all(bytes).expect("write entry");
-    }
-    writer.finish().expect("finish zip").into_inner()
-}
-
-/// A small valid bundle declaring `version`, with one form whose schema carries `marker`.
-pub fn small_bundle(version: &str, marker: &str) -> Vec<u8> {
-    let manifest = json!({"version": version, "name": "Survey", "entryPoint": "app/index.html"}).to_string();
-    let schema = json!({"type": "object", "properties": {"marker": {"type": "string", "const": marker}}});
-    let schema = schema.to_string();
-    zip_bytes(&[
-        ("manifest.json", manifest.as_bytes()),
-        ("app/index.html", format!("<html>{marker}</html>").as_bytes()),
-        ("app/assets/app.js", b"console.log(1)"),
-        ("forms/household/schema.json", schema.as_bytes()),
-        ("forms/household/ui.json", br#"{"type": "VerticalLayout", "elements": []}"#),
-    ])
-}
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -56,46 +33,6 @@ fn zip_files(bytes: &[u8]) -> HashMap<String, Vec<u8>> {
         files.insert(entry.name().expect("entry name").to_string(), content);
     }
     files
-}
-
-/// POSTs `bytes` as the multipart part `field` to `path` (`/app-bundle/push` or PUT `/app-bundle`).
-pub async fn upload(
-    app: &TestApp,
-    token: Option<&str>,
-    method: Method,
-    path: &str,
-    field: &str,
-    bytes: Vec<u8>,
-    activate: Option<&str>,
-) -> (StatusCode, Value) {
-    let part = Part::bytes(bytes).file_name("bundle.zip").mime_str("application/zip").expect("mime");
-    let mut form = Form::new().part(field.to_string(), part);
-    if let Some(activate) = activate {
-        form = form.text("activate", activate.to_string());
-    }
-    let mut request = app.client.request(method, app.url(path)).multipart(form);
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    let response = request.send().await.expect("upload request");
-    let status = response.status();
-    let text = response.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
-pub async fn push(app: &TestApp, token: &str, bytes: Vec<u8>, activate: bool) -> Value {
-    let (status, body) = upload(
-        app,
-        Some(token),
-        Method::POST,
-        "/app-bundle/push",
-        "bundle",
-        bytes,
-        activate.then_some("true"),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body
 }
 
 async fn get_bytes(app: &TestApp, path: &str, token: &str) -> reqwest::Response {
@@ -117,7 +54,7 @@ async fn upstream_bundles_push_switch_changes_and_downloads() {
     let (status, body) = app.call(Method::GET, "/app-bundle/versions", Some(&admin), None).await;
     assert_eq!((status, body), (StatusCode::OK, json!({"versions": []})));
 
-    let first = push(&app, &admin, BUNDLE01.to_vec(), false).await;
+    let first = app.push_bundle(&admin, BUNDLE01.to_vec(), false).await;
     assert_eq!(first["active"], false, "pushing does not activate unless asked");
     assert_eq!(first["message"], "App bundle successfully pushed");
     let v1 = first["version"].as_str().expect("v1").to_string();
@@ -125,7 +62,7 @@ async fn upstream_bundles_push_switch_changes_and_downloads() {
     assert_eq!(first["manifest"]["entryPoint"], "app/index.html");
     assert_eq!(manifest_version(&app, &admin).await, None);
 
-    let second = push(&app, &admin, BUNDLE02.to_vec(), true).await;
+    let second = app.push_bundle(&admin, BUNDLE02.to_vec(), true).await;
     let v2 = second["version"].as_str().expect("v2").to_string();
     assert_eq!(second["active"], true);
     assert_ne!(v1, v2);
@@ -331,8 +268,9 @@ async fn validation_failures_store_nothing_and_use_no_id() {
         ),
     ];
     for (label, bytes, step, codes) in cases {
-        let (status, body) =
-            upload(&app, Some(&admin), Method::POST, "/app-bundle/push", "bundle", bytes, Some("true")).await;
+        let (status, body) = app
+            .upload_bundle(Some(&admin), Method::POST, "/app-bundle/push", "bundle", bytes, Some("true"))
+            .await;
         assert_error(status, &body, 400, "INVALID_BUNDLE");
         assert!(
             body["detail"].as_str().is_some_and(|d| d.contains(&format!("the {step} step"))),
@@ -354,7 +292,7 @@ async fn validation_failures_store_nothing_and_use_no_id() {
     writer.add_symlink("app/link", "/etc/passwd", options).expect("symlink");
     let bytes = writer.finish().expect("zip").into_inner();
     let (status, body) =
-        upload(&app, Some(&admin), Method::POST, "/app-bundle/push", "file", bytes, None).await;
+        app.upload_bundle(Some(&admin), Method::POST, "/app-bundle/push", "file", bytes, None).await;
     assert_error(status, &body, 400, "INVALID_BUNDLE");
     assert_eq!(body["errors"][0]["code"], "ZIP_SYMLINK");
 
@@ -368,9 +306,9 @@ async fn validation_failures_store_nothing_and_use_no_id() {
     let mut broken = failed.clone();
     broken.truncate(failed.len() / 2);
     let (status, _) =
-        upload(&app, Some(&admin), Method::POST, "/app-bundle/push", "bundle", broken, None).await;
+        app.upload_bundle(Some(&admin), Method::POST, "/app-bundle/push", "bundle", broken, None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    let body = push(&app, &admin, failed, false).await;
+    let body = app.push_bundle(&admin, failed, false).await;
     assert_eq!(body["version"], "20240101-000000");
     assert_eq!(body["manifest"]["name"], "Survey");
 }
@@ -400,17 +338,19 @@ async fn bad_uploads_and_roles() {
     // 401 before 403, and only admins change bundles.
     let bundle = small_bundle("20240101-000000", "x");
     let (status, body) =
-        upload(&app, None, Method::POST, "/app-bundle/push", "bundle", bundle.clone(), None).await;
+        app.upload_bundle(None, Method::POST, "/app-bundle/push", "bundle", bundle.clone(), None).await;
     assert_error(status, &body, 401, "MISSING_TOKEN");
     for token in [&reader, &writer] {
-        let (status, body) =
-            upload(&app, Some(token), Method::POST, "/app-bundle/push", "bundle", bundle.clone(), None).await;
+        let (status, body) = app
+            .upload_bundle(Some(token), Method::POST, "/app-bundle/push", "bundle", bundle.clone(), None)
+            .await;
         assert_error(status, &body, 403, "FORBIDDEN");
         let (status, body) =
-            upload(&app, Some(token), Method::PUT, "/app-bundle", "bundle", bundle.clone(), None).await;
+            app.upload_bundle(Some(token), Method::PUT, "/app-bundle", "bundle", bundle.clone(), None).await;
         assert_error(status, &body, 403, "FORBIDDEN");
     }
-    let (status, body) = upload(&app, Some(&admin), Method::PUT, "/app-bundle", "bundle", bundle, None).await;
+    let (status, body) =
+        app.upload_bundle(Some(&admin), Method::PUT, "/app-bundle", "bundle", bundle, None).await;
     assert_eq!((status, body["active"].clone()), (StatusCode::OK, json!(true)), "{body}");
     for token in [&reader, &writer] {
         let (status, body) =
@@ -447,9 +387,9 @@ async fn retention_keeps_the_active_and_newest_and_never_reuses_ids() {
     let app = TestApp::spawn_with(&[("MAX_VERSIONS_KEPT", "2")]).await;
     let admin = app.admin_token().await;
     let ids = ["20240101-000001", "20240101-000002", "20240101-000003", "20240101-000004"];
-    push(&app, &admin, small_bundle(ids[0], "a"), true).await;
+    app.push_bundle(&admin, small_bundle(ids[0], "a"), true).await;
     for (i, id) in ids.iter().enumerate().skip(1) {
-        let body = push(&app, &admin, small_bundle(id, &format!("m{i}")), false).await;
+        let body = app.push_bundle(&admin, small_bundle(id, &format!("m{i}")), false).await;
         assert_eq!(body["version"], *id);
     }
     let (_, body) = app.call(Method::GET, "/app-bundle/versions", Some(&admin), None).await;
@@ -474,7 +414,7 @@ async fn retention_keeps_the_active_and_newest_and_never_reuses_ids() {
         assert_error(status, &body, 404, "NOT_FOUND");
     }
     // The id of a removed version is never handed out again.
-    let body = push(&app, &admin, small_bundle(ids[1], "again"), false).await;
+    let body = app.push_bundle(&admin, small_bundle(ids[1], "again"), false).await;
     assert_eq!(body["version"], format!("{}-2", ids[1]));
     assert!(versions_dir.join(ids[0]).is_dir());
 }
@@ -483,7 +423,7 @@ async fn retention_keeps_the_active_and_newest_and_never_reuses_ids() {
 async fn etag_is_stable_across_a_restart() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
-    let pushed = push(&app, &admin, BUNDLE02.to_vec(), true).await;
+    let pushed = app.push_bundle(&admin, BUNDLE02.to_vec(), true).await;
     let hash = pushed["manifest"]["hash"].as_str().expect("hash").to_string();
     let first = get_bytes(&app, "/app-bundle/manifest", &admin).await;
     assert_eq!(first.headers()["etag"].to_str().ok(), Some(format!("\"{hash}\"").as_str()));
@@ -549,8 +489,8 @@ async fn two_processes_see_each_others_switch_within_a_second() {
     let bundle_path = one.data_root.path().join("app-bundles").display().to_string();
     let two = TestApp::spawn_on(one.db_conn.clone(), &[("APP_BUNDLE_PATH", bundle_path.as_str())]).await;
     let admin = one.admin_token().await;
-    push(&one, &admin, small_bundle("20240101-000001", "a"), true).await;
-    push(&one, &admin, small_bundle("20240101-000002", "b"), false).await;
+    one.push_bundle(&admin, small_bundle("20240101-000001", "a"), true).await;
+    one.push_bundle(&admin, small_bundle("20240101-000002", "b"), false).await;
     assert!(wait_for_active(&two, &admin, "20240101-000001").await < Duration::from_secs(1));
 
     let (status, _) = one.call(Method::POST, "/app-bundle/switch/20240101-000002", Some(&admin), None).await;
@@ -569,8 +509,8 @@ async fn two_processes_see_each_others_switch_within_a_second() {
 async fn downloads_never_mix_versions_while_switching() {
     let app = Arc::new(TestApp::spawn().await);
     let admin = app.admin_token().await;
-    let v1 = push(&app, &admin, BUNDLE01.to_vec(), true).await;
-    let v2 = push(&app, &admin, BUNDLE02.to_vec(), false).await;
+    let v1 = app.push_bundle(&admin, BUNDLE01.to_vec(), true).await;
+    let v2 = app.push_bundle(&admin, BUNDLE02.to_vec(), false).await;
     // version id -> path -> sha256, from the push answers.
     let mut manifests: HashMap<String, HashMap<String, String>> = HashMap::new();
     for pushed in [&v1, &v2] {

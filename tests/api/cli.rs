@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{assert_error, cluster, fresh_database, TestApp, JWT_SECRET};
+use crate::helpers::{assert_error, binary, cluster, fresh_database, TestApp, JWT_SECRET};
 
 struct Run {
     code: Option<i32>,
@@ -14,18 +14,11 @@ struct Run {
     stderr: String,
 }
 
-/// Runs the built binary with a clean environment (plus `env`) in an empty directory, so no `.env`
-/// file and no variable of the test process leaks in.
+/// Runs the built binary with a clean environment (plus `env`) in an empty directory.
 async fn run(args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_synkronus"));
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATA_ROOT", dir.path().join("data"))
-        .env("LOG_LEVEL", "warn")
-        .current_dir(dir.path())
-        .kill_on_drop(true);
+    let mut cmd = binary(args, dir.path());
+    cmd.env("DATA_ROOT", dir.path().join("data")).env("LOG_LEVEL", "warn");
     for (k, v) in env {
         cmd.env(k, v);
     }

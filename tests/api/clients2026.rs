@@ -11,15 +11,26 @@ fn header(res: &reqwest::Response, name: &str) -> Option<String> {
 
 /// Presence is written off the request path (about once a second): poll for the device.
 async fn wait_for_device(app: &TestApp, admin: &str, client_id: &str) -> Value {
+    wait_for_device_where(app, admin, client_id, |_| true).await
+}
+
+/// Polls until the device's presence row satisfies `ready`.
+async fn wait_for_device_where(
+    app: &TestApp,
+    admin: &str,
+    client_id: &str,
+    ready: impl Fn(&Value) -> bool,
+) -> Value {
     for _ in 0..50 {
         let (status, body) = app.call(Method::GET, "/api/devices", Some(admin), None).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        if let Some(d) = body.as_array().and_then(|l| l.iter().find(|d| d["client_id"] == client_id)) {
+        let found = body.as_array().and_then(|l| l.iter().find(|d| d["client_id"] == client_id));
+        if let Some(d) = found.filter(|d| ready(d)) {
             return d.clone();
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    panic!("presence rows did not appear");
+    panic!("the presence row of {client_id} did not appear as expected");
 }
 
 #[actix_web::test]
@@ -136,8 +147,8 @@ async fn generation_reset_and_presence() {
     let (_, status_body) = app.call(Method::GET, "/api/status", Some(&admin), None).await;
     assert_eq!(status_body["observation_count"], 1);
 
-    // Lag and staleness filters.
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // Lag and staleness filters, once presence has written the new data version.
+    wait_for_device_where(&app, &admin, "phone-1", |d| d["last_data_version"] == 2).await;
     let (_, list) = app.call(Method::GET, "/api/devices?username=enum1", Some(&admin), None).await;
     let phone =
         list.as_array().and_then(|l| l.iter().find(|d| d["client_id"] == "phone-1")).cloned().expect("phone");
@@ -203,8 +214,7 @@ async fn scripted_2026_device() {
         std::fs::read(format!("{}/tests/fixtures/upstream/valid_bundle01.zip", env!("CARGO_MANIFEST_DIR")))
             .expect("fixture bundle");
     let (status, body) =
-        crate::bundles::upload(&app, Some(&admin), Method::PUT, "/api/app-bundle", "bundle", bundle, None)
-            .await;
+        app.upload_bundle(Some(&admin), Method::PUT, "/api/app-bundle", "bundle", bundle, None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, body) = app
         .call(

@@ -4,8 +4,7 @@
 //! gaps, and no half-written attachment or app bundle is visible through the API.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,121 +13,17 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use synkronus::db::embedded::EmbeddedPostgres;
 use tokio::io::AsyncWriteExt;
+use tokio::task::JoinHandle;
 
-use crate::bundles::small_bundle;
-use crate::helpers::{cluster, fresh_database, TestApp, ADMIN_PASSWORD, JWT_SECRET};
+use crate::helpers::{cluster, fresh_database, small_bundle, Api, ChildServer, TestApp};
 
 const RECORDS_PER_PUSH: usize = 3;
 const PUSHERS: usize = 6;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("local addr").port()
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client")
-}
-
-/// The server binary as a child process, so that it can die the way a real process does.
-pub struct ChildServer {
-    child: tokio::process::Child,
-    pub base: String,
-    pub log: PathBuf,
-}
-
-impl ChildServer {
-    /// Starts `synkronus serve` and waits until it is ready. An empty value removes a variable.
-    pub async fn start(db_conn: &str, data_root: &Path, log: PathBuf, overrides: &[(&str, &str)]) -> Self {
-        let port = free_port();
-        let mut env: BTreeMap<&str, String> = [
-            ("PATH", std::env::var("PATH").unwrap_or_default()),
-            ("DB_CONNECTION", db_conn.to_string()),
-            ("BIND_ADDRESS", "127.0.0.1".to_string()),
-            ("PORT", port.to_string()),
-            ("JWT_SECRET", JWT_SECRET.to_string()),
-            ("ADMIN_PASSWORD", ADMIN_PASSWORD.to_string()),
-            ("DATA_ROOT", data_root.display().to_string()),
-            ("DB_POOL_SIZE", "8".to_string()),
-            ("RATE_LIMIT_LOGIN_PER_MIN", "10000".to_string()),
-            ("LOG_LEVEL", "warn".to_string()),
-            // Retention would remove acknowledged versions the test wants to see again.
-            ("MAX_VERSIONS_KEPT", "1000".to_string()),
-        ]
-        .into_iter()
-        .collect();
-        for (k, v) in overrides {
-            env.insert(k, v.to_string());
-        }
-        env.retain(|_, v| !v.is_empty());
-        let out = std::fs::File::create(&log).expect("log file");
-        let err = out.try_clone().expect("log file");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_synkronus"))
-            .arg("serve")
-            .env_clear()
-            .envs(env)
-            .current_dir(data_root)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn the server");
-        let mut server = ChildServer { child, base: format!("http://127.0.0.1:{port}"), log };
-        let http = client();
-        for _ in 0..600 {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("the server exited ({status}): {}", server.log_text());
-            }
-            if let Ok(res) = http.get(format!("{}/ready", server.base)).send().await {
-                if res.status() == StatusCode::OK {
-                    return server;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the server did not become ready in 60 s: {}", server.log_text());
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM, then waits for the exit (the server drains and stops its embedded cluster).
-    pub async fn terminate(&mut self) {
-        let pid = self.child.id().expect("running child") as i32;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM)
-            .expect("SIGTERM");
-        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
-            .await
-            .expect("the server exits within 60 s of SIGTERM")
-            .expect("reap the child");
-        assert!(status.success(), "the server exits cleanly: {status} {}", self.log_text());
-    }
-
-    /// Whether the process is still the one started (it did not exit meanwhile).
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// SIGKILL: no drain, no cleanup, exactly like a power cut for this process.
-    pub async fn kill(&mut self) {
-        let pid = self.child.id().expect("running child") as i32;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-            .expect("SIGKILL");
-        self.child.wait().await.expect("reap the child");
-    }
-}
-
-async fn login(base: &str, password: &str) -> String {
-    let res = client()
-        .post(format!("{base}/auth/login"))
-        .json(&json!({"username": "admin", "password": password}))
-        .send()
-        .await
-        .expect("login");
-    assert_eq!(res.status(), StatusCode::OK);
-    res.json::<Value>().await.expect("login body")["token"].as_str().expect("token").to_string()
-}
+/// No request of a storm may hang: a server or database that died must show as a failed request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// What the crashed servers run with: retention would remove acknowledged bundle versions the
+/// test wants to see again.
+const SERVER_ENV: &[(&str, &str)] = &[("DB_POOL_SIZE", "8"), ("MAX_VERSIONS_KEPT", "1000")];
 
 fn record_id(task: usize, n: usize, k: usize) -> String {
     format!("r-{task}-{n}-{k}")
@@ -146,9 +41,15 @@ type Outcome = Option<u16>;
 /// (pusher, push number, outcome).
 type Push = (usize, usize, Outcome);
 
-async fn send_push(http: &reqwest::Client, base: &str, token: &str, task: usize, n: usize) -> Outcome {
-    let res =
-        http.post(format!("{base}/sync/push")).bearer_auth(token).json(&push_body(task, n)).send().await;
+async fn send_push(api: &Api, token: &str, task: usize, n: usize) -> Outcome {
+    let res = api
+        .client
+        .post(api.url("/sync/push"))
+        .bearer_auth(token)
+        .timeout(REQUEST_TIMEOUT)
+        .json(&push_body(task, n))
+        .send()
+        .await;
     match res {
         Ok(res) => {
             let status = res.status().as_u16();
@@ -168,18 +69,17 @@ struct Storm {
 
 /// Pushers with unique transmission ids and one puller. With `stop_on_lost`, a pusher stops at
 /// the first push that got no answer (the server is gone); otherwise it goes on until `stop`.
-fn start_storm(base: &str, token: &str, stop_on_lost: bool) -> Storm {
+fn start_storm(api: &Api, token: &str, stop_on_lost: bool) -> Storm {
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicUsize::new(0));
     let mut pushers = Vec::new();
     for task in 0..PUSHERS {
-        let (base, token, stop, acked) = (base.to_string(), token.to_string(), stop.clone(), acked.clone());
+        let (api, token, stop, acked) = (api.clone(), token.to_string(), stop.clone(), acked.clone());
         pushers.push(tokio::spawn(async move {
-            let http = client();
             let mut outcomes = Vec::new();
             let mut n = 0;
             while !stop.load(Ordering::SeqCst) {
-                let outcome = send_push(&http, &base, &token, task, n).await;
+                let outcome = send_push(&api, &token, task, n).await;
                 outcomes.push((n, outcome));
                 match outcome {
                     Some(200) => {
@@ -194,15 +94,16 @@ fn start_storm(base: &str, token: &str, stop_on_lost: bool) -> Storm {
             outcomes
         }));
     }
-    let (base, token, stop_p) = (base.to_string(), token.to_string(), stop.clone());
+    let (api, token, stop_p) = (api.clone(), token.to_string(), stop.clone());
     let puller = tokio::spawn(async move {
-        let http = client();
         let mut seen = BTreeMap::new();
         let mut cursor = 0i64;
         while !stop_p.load(Ordering::SeqCst) {
-            let res = http
-                .post(format!("{base}/sync/pull?limit=7"))
+            let res = api
+                .client
+                .post(api.url("/sync/pull?limit=7"))
                 .bearer_auth(&token)
+                .timeout(REQUEST_TIMEOUT)
                 .json(&json!({"client_id": "crash-puller", "since": {"version": cursor}}))
                 .send()
                 .await;
@@ -261,12 +162,13 @@ async fn wait_for_acks(acked: &AtomicUsize, at_least: usize) {
 }
 
 /// Everything after `cursor`, following has_more, into `seen`; returns the final cursor.
-async fn pull_rest(base: &str, token: &str, mut cursor: i64, seen: &mut BTreeMap<String, i64>) -> i64 {
-    let http = client();
+async fn pull_rest(api: &Api, token: &str, mut cursor: i64, seen: &mut BTreeMap<String, i64>) -> i64 {
     loop {
-        let res = http
-            .post(format!("{base}/sync/pull?limit=100"))
+        let res = api
+            .client
+            .post(api.url("/sync/pull?limit=100"))
             .bearer_auth(token)
+            .timeout(REQUEST_TIMEOUT)
             .json(&json!({"client_id": "crash-puller", "since": {"version": cursor}}))
             .send()
             .await
@@ -282,12 +184,11 @@ async fn pull_rest(base: &str, token: &str, mut cursor: i64, seen: &mut BTreeMap
 
 /// Retries every unacknowledged push with its transmission id, then checks the whole log.
 async fn retry_and_verify(
-    base: &str,
+    api: &Api,
     token: &str,
     (mut pulled, cursor): (BTreeMap<String, i64>, i64),
     outcomes: Vec<Push>,
 ) {
-    let http = client();
     // Per push, whether it was acknowledged and whether some attempt was not.
     let mut pushes: BTreeMap<(usize, usize), (bool, bool)> = BTreeMap::new();
     for &(task, n, outcome) in &outcomes {
@@ -306,7 +207,7 @@ async fn retry_and_verify(
     for (&(task, n), &(acked, failed_once)) in &pushes {
         expected.extend((0..RECORDS_PER_PUSH).map(|k| record_id(task, n, k)));
         if !acked {
-            let status = send_push(&http, base, token, task, n).await;
+            let status = send_push(api, token, task, n).await;
             assert_eq!(status, Some(200), "retry of {task}-{n}");
         }
         if failed_once {
@@ -316,14 +217,12 @@ async fn retry_and_verify(
     assert!(!retried.is_empty(), "some push needed a retry");
 
     // The puller resumes from its last cursor and ends with every record exactly once.
-    let head = pull_rest(base, token, cursor, &mut pulled).await;
+    let head = pull_rest(api, token, cursor, &mut pulled).await;
     let got: BTreeSet<String> = pulled.keys().cloned().collect();
     assert_eq!(got, expected, "the resumed puller has every pushed record");
     // Records and attachments share the change log: together they use every change_id up to the
     // head exactly once, so nothing was applied twice and no change_id was skipped.
-    let res =
-        http.get(format!("{base}/attachments/manifest")).bearer_auth(token).send().await.expect("manifest");
-    let manifest: Value = res.json().await.expect("manifest body");
+    let (_, manifest) = api.call(reqwest::Method::GET, "/attachments/manifest", Some(token), None).await;
     let mut ids: Vec<i64> = pulled.values().copied().collect();
     ids.extend(
         manifest["operations"]
@@ -335,21 +234,17 @@ async fn retry_and_verify(
     ids.sort_unstable();
     assert_eq!(ids, (1..=head).collect::<Vec<_>>(), "one change per record and attachment");
     let mut fresh = BTreeMap::new();
-    assert_eq!(pull_rest(base, token, 0, &mut fresh).await, head);
+    assert_eq!(pull_rest(api, token, 0, &mut fresh).await, head);
     assert_eq!(fresh, pulled, "a full pull agrees with the resumed one");
 
     // Retried records have exactly one revision: the retry replayed or applied, never both.
     for (task, n) in &retried {
         for k in 0..RECORDS_PER_PUSH {
             let id = record_id(*task, *n, k);
-            let res = http
-                .get(format!("{base}/observations/{id}/history"))
-                .bearer_auth(token)
-                .send()
-                .await
-                .expect("history");
-            assert_eq!(res.status(), StatusCode::OK);
-            let body: Value = res.json().await.expect("history body");
+            let (status, body) = api
+                .call(reqwest::Method::GET, &format!("/observations/{id}/history"), Some(token), None)
+                .await;
+            assert_eq!(status, StatusCode::OK);
             assert_eq!(body["revisions"].as_array().map(Vec::len), Some(1), "{id}: {body}");
         }
     }
@@ -360,8 +255,8 @@ fn attachment_bytes(i: usize) -> Vec<u8> {
 }
 
 /// An upload whose body stops half-way; held open until the server dies.
-async fn start_cut_upload(base: &str, token: &str, id: &str) -> tokio::net::TcpStream {
-    let addr = base.trim_start_matches("http://");
+async fn start_cut_upload(api: &Api, token: &str, id: &str) -> tokio::net::TcpStream {
+    let addr = api.base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let head = format!(
         "PUT /attachments/{id} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
@@ -373,30 +268,26 @@ async fn start_cut_upload(base: &str, token: &str, id: &str) -> tokio::net::TcpS
     stream
 }
 
-#[actix_web::test]
-async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
-    let db = fresh_database().await;
-    let db_conn = cluster().connection_string(&db);
-    let data_root = tempfile::tempdir().expect("data root");
-    let logs = tempfile::tempdir().expect("logs");
-    let mut server = ChildServer::start(&db_conn, data_root.path(), logs.path().join("1.log"), &[]).await;
-    let token = login(&server.base, ADMIN_PASSWORD).await;
-
-    // Attachments and bundles are written while the storm runs, one at a time each.
-    let stop_files = Arc::new(AtomicBool::new(false));
-    let files_acked = Arc::new(AtomicUsize::new(0));
-    let (base, tok, stop, done) =
-        (server.base.clone(), token.clone(), stop_files.clone(), files_acked.clone());
-    let attachments = tokio::spawn(async move {
-        let http = client();
+/// Attachments written one at a time until the first failure (the server died) or `stop`; each
+/// with whether it was acknowledged. `done` counts one once the first is stored.
+fn upload_attachments(
+    api: &Api,
+    token: &str,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicUsize>,
+) -> JoinHandle<Vec<(usize, bool)>> {
+    let (api, token) = (api.clone(), token.to_string());
+    tokio::spawn(async move {
         let mut outcomes = Vec::new();
         for i in 0.. {
             if stop.load(Ordering::SeqCst) {
                 break;
             }
-            let res = http
-                .put(format!("{base}/attachments/att-{i}"))
-                .bearer_auth(&tok)
+            let res = api
+                .client
+                .put(api.url(&format!("/attachments/att-{i}")))
+                .bearer_auth(&token)
+                .timeout(REQUEST_TIMEOUT)
                 .body(attachment_bytes(i))
                 .send()
                 .await;
@@ -410,11 +301,18 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
             }
         }
         outcomes
-    });
-    let (base, tok, stop, done) =
-        (server.base.clone(), token.clone(), stop_files.clone(), files_acked.clone());
-    let bundles = tokio::spawn(async move {
-        let http = client();
+    })
+}
+
+/// The same for app bundles, each activated, by version.
+fn push_bundles(
+    api: &Api,
+    token: &str,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicUsize>,
+) -> JoinHandle<Vec<(String, bool)>> {
+    let (api, token) = (api.clone(), token.to_string());
+    tokio::spawn(async move {
         let mut outcomes = Vec::new();
         for i in 0.. {
             if stop.load(Ordering::SeqCst) {
@@ -426,8 +324,15 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
                 .mime_str("application/zip")
                 .expect("mime");
             let form = reqwest::multipart::Form::new().part("bundle", part).text("activate", "true");
-            let res =
-                http.post(format!("{base}/app-bundle/push")).bearer_auth(&tok).multipart(form).send().await;
+            let res = api
+                .client
+                .post(api.url("/app-bundle/push"))
+                .bearer_auth(&token)
+                .timeout(REQUEST_TIMEOUT)
+                .multipart(form)
+                .send()
+                .await;
+            // The server may die mid-request: that is an unacknowledged push, not a failure.
             let ok = matches!(res, Ok(r) if r.status() == StatusCode::OK);
             if ok && i == 0 {
                 done.fetch_add(1, Ordering::SeqCst);
@@ -438,10 +343,27 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
             }
         }
         outcomes
-    });
-    let cut = start_cut_upload(&server.base, &token, "cut-upload").await;
+    })
+}
 
-    let storm = start_storm(&server.base, &token, true);
+#[actix_web::test]
+async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
+    let db = fresh_database().await;
+    let db_conn = cluster().connection_string(&db);
+    let data_root = tempfile::tempdir().expect("data root");
+    let logs = tempfile::tempdir().expect("logs");
+    let mut server =
+        ChildServer::start(&db_conn, data_root.path(), logs.path().join("1.log"), SERVER_ENV).await;
+    let token = server.admin_token().await;
+
+    // Attachments and bundles are written while the storm runs, one at a time each.
+    let stop_files = Arc::new(AtomicBool::new(false));
+    let files_acked = Arc::new(AtomicUsize::new(0));
+    let attachments = upload_attachments(&server, &token, stop_files.clone(), files_acked.clone());
+    let bundles = push_bundles(&server, &token, stop_files.clone(), files_acked.clone());
+    let cut = start_cut_upload(&server, &token, "cut-upload").await;
+
+    let storm = start_storm(&server, &token, true);
     wait_for_acks(&storm.acked, 40).await;
     // At least one attachment and one bundle are stored before the kill.
     wait_for_acks(&files_acked, 2).await;
@@ -454,63 +376,48 @@ async fn sigkill_mid_storm_loses_nothing_and_applies_retries_once() {
     assert!(outcomes.iter().any(|(_, _, o)| o.is_none()), "some push was in flight when the server died");
 
     // Tokens survive a restart: they are signed, and revocation lives in the database.
-    let server = ChildServer::start(&db_conn, data_root.path(), logs.path().join("2.log"), &[]).await;
-    retry_and_verify(&server.base, &token, pulled, outcomes).await;
-    verify_attachments(&server.base, &token, &attachment_outcomes).await;
-    verify_bundles(&server.base, &token, &bundle_outcomes).await;
+    let server = ChildServer::start(&db_conn, data_root.path(), logs.path().join("2.log"), SERVER_ENV).await;
+    retry_and_verify(&server, &token, pulled, outcomes).await;
+    verify_attachments(&server, &token, &attachment_outcomes).await;
+    verify_bundles(&server, &token, &bundle_outcomes).await;
 }
 
 /// Acknowledged uploads are complete; unacknowledged ones are absent or complete, never partial,
 /// and can be retried.
-async fn verify_attachments(base: &str, token: &str, outcomes: &[(usize, bool)]) {
-    let http = client();
+async fn verify_attachments(api: &Api, token: &str, outcomes: &[(usize, bool)]) {
     assert!(outcomes.iter().any(|(_, ok)| *ok), "some attachment was stored before the kill");
     let mut ids: Vec<(String, Vec<u8>, bool)> =
         outcomes.iter().map(|(i, ok)| (format!("att-{i}"), attachment_bytes(*i), *ok)).collect();
     ids.push(("cut-upload".into(), attachment_bytes(0)[..200_000].to_vec(), false));
     for (id, bytes, acked) in &ids {
-        let res = http.get(format!("{base}/attachments/{id}")).bearer_auth(token).send().await.expect("get");
-        let status = res.status();
-        let body = res.bytes().await.expect("body");
+        let path = format!("/attachments/{id}");
+        let (status, _, body) = api.get_bytes(token, &path).await;
         match status {
             StatusCode::OK => assert!(body == bytes[..], "{id}: stored bytes differ from the upload"),
             StatusCode::NOT_FOUND => assert!(!acked, "{id} was acknowledged but is gone"),
             other => panic!("{id}: {other}"),
         }
         if status == StatusCode::NOT_FOUND {
-            let res = http
-                .put(format!("{base}/attachments/{id}"))
-                .bearer_auth(token)
-                .body(bytes.clone())
-                .send()
-                .await
-                .expect("retry upload");
-            assert_eq!(res.status(), StatusCode::OK, "retry of {id}");
-            let got =
-                http.get(format!("{base}/attachments/{id}")).bearer_auth(token).send().await.expect("get");
-            assert!(got.bytes().await.expect("body") == bytes[..]);
+            let (status, _) = api.put_bytes(token, &path, bytes, None).await;
+            assert_eq!(status, StatusCode::OK, "retry of {id}");
+            assert!(api.get_bytes(token, &path).await.2 == bytes[..]);
         }
     }
     // The manifest lists only complete attachments.
-    let res =
-        http.get(format!("{base}/attachments/manifest")).bearer_auth(token).send().await.expect("manifest");
-    let manifest: Value = res.json().await.expect("manifest body");
+    let (_, manifest) = api.call(reqwest::Method::GET, "/attachments/manifest", Some(token), None).await;
     for op in manifest["operations"].as_array().expect("operations") {
         let id = op["attachment_id"].as_str().expect("id");
-        let res = http.get(format!("{base}/attachments/{id}")).bearer_auth(token).send().await.expect("get");
-        assert_eq!(res.status(), StatusCode::OK, "{id} is listed");
-        assert_eq!(Some(res.bytes().await.expect("body").len() as i64), op["size"].as_i64(), "{id}");
+        let (status, _, body) = api.get_bytes(token, &format!("/attachments/{id}")).await;
+        assert_eq!(status, StatusCode::OK, "{id} is listed");
+        assert_eq!(Some(body.len() as i64), op["size"].as_i64(), "{id}");
     }
 }
 
 /// Every listed version downloads completely; every acknowledged one is listed; the active one
 /// (if any) serves its manifest and files.
-async fn verify_bundles(base: &str, token: &str, outcomes: &[(String, bool)]) {
-    let http = client();
-    let res =
-        http.get(format!("{base}/app-bundle/versions")).bearer_auth(token).send().await.expect("versions");
-    assert_eq!(res.status(), StatusCode::OK);
-    let body: Value = res.json().await.expect("versions body");
+async fn verify_bundles(api: &Api, token: &str, outcomes: &[(String, bool)]) {
+    let (status, body) = api.call(reqwest::Method::GET, "/app-bundle/versions", Some(token), None).await;
+    assert_eq!(status, StatusCode::OK);
     let listed: Vec<String> = body["versions"]
         .as_array()
         .expect("versions")
@@ -523,28 +430,16 @@ async fn verify_bundles(base: &str, token: &str, outcomes: &[(String, bool)]) {
         }
     }
     for version in &listed {
-        let res = http
-            .get(format!("{base}/app-bundle/download-zip?version={version}"))
-            .bearer_auth(token)
-            .send()
-            .await
-            .expect("download zip");
-        assert_eq!(res.status(), StatusCode::OK, "{version}");
-        let bytes = res.bytes().await.expect("zip");
-        let archive = zip::ZipArchive::new(std::io::Cursor::new(bytes.to_vec())).expect("a whole ZIP");
+        let (status, _, bytes) =
+            api.get_bytes(token, &format!("/app-bundle/download-zip?version={version}")).await;
+        assert_eq!(status, StatusCode::OK, "{version}");
+        let archive = zip::ZipArchive::new(std::io::Cursor::new(bytes)).expect("a whole ZIP");
         assert!(archive.len() >= 5, "{version}");
-        let res = http
-            .get(format!("{base}/app-bundle/download/app%2Findex.html?version={version}"))
-            .bearer_auth(token)
-            .send()
-            .await
-            .expect("download file");
-        assert_eq!(res.status(), StatusCode::OK, "{version}");
+        let path = format!("/app-bundle/download/app%2Findex.html?version={version}");
+        assert_eq!(api.get_bytes(token, &path).await.0, StatusCode::OK, "{version}");
     }
-    let res =
-        http.get(format!("{base}/app-bundle/manifest")).bearer_auth(token).send().await.expect("manifest");
-    if res.status() == StatusCode::OK {
-        let manifest: Value = res.json().await.expect("manifest");
+    let (status, manifest) = api.call(reqwest::Method::GET, "/app-bundle/manifest", Some(token), None).await;
+    if status == StatusCode::OK {
         // Every push activates: the active one is the last acknowledged or the one in flight.
         let last_acked = outcomes.iter().filter(|(_, ok)| *ok).map(|(v, _)| v.as_str()).next_back();
         let in_flight = outcomes.iter().find(|(_, ok)| !*ok).map(|(v, _)| v.as_str());
@@ -552,17 +447,12 @@ async fn verify_bundles(base: &str, token: &str, outcomes: &[(String, bool)]) {
         assert!(active == last_acked || active == in_flight, "{manifest}");
         for file in manifest["files"].as_array().expect("files") {
             let path = file["path"].as_str().expect("path").replace('/', "%2F");
-            let res = http
-                .get(format!("{base}/app-bundle/download/{path}"))
-                .bearer_auth(token)
-                .send()
-                .await
-                .expect("file");
-            assert_eq!(res.status(), StatusCode::OK, "{path}");
-            assert_eq!(Some(res.bytes().await.expect("bytes").len() as i64), file["size"].as_i64());
+            let (status, _, bytes) = api.get_bytes(token, &format!("/app-bundle/download/{path}")).await;
+            assert_eq!(status, StatusCode::OK, "{path}");
+            assert_eq!(Some(bytes.len() as i64), file["size"].as_i64());
         }
     } else {
-        assert_eq!(res.status(), StatusCode::NOT_FOUND);
+        assert_eq!(status, StatusCode::NOT_FOUND);
     }
 }
 
@@ -596,7 +486,7 @@ async fn postgres_crash_mid_storm_gives_503s_and_loses_nothing() {
     let app = TestApp::spawn_on(crash.pg.connection_string("crash"), &[]).await;
     let token = app.admin_token().await;
 
-    let storm = start_storm(&app.base, &token, false);
+    let storm = start_storm(&app, &token, false);
     wait_for_acks(&storm.acked, 40).await;
     let pg = crash.pg.clone();
     tokio::task::spawn_blocking(move || pg.kill()).await.expect("join").expect("kill PostgreSQL");
@@ -627,7 +517,7 @@ async fn postgres_crash_mid_storm_gives_503s_and_loses_nothing() {
     // The probe push above is one more unacknowledged push to retry.
     outcomes.push((999, 0, None));
     assert!(outcomes.iter().any(|(_, _, o)| *o == Some(503)), "the storm saw 503s");
-    retry_and_verify(&app.base, &token, pulled, outcomes).await;
+    retry_and_verify(&app, &token, pulled, outcomes).await;
 }
 
 /// A data root for a server with its embedded cluster, under /tmp so that the cluster user can
@@ -681,10 +571,10 @@ async fn embedded_postmaster_killed_mid_storm_is_restarted_by_the_server() {
     let root = EmbeddedDataRoot::new("synk-supervise");
     let log = root.dir.join("synkronus.log");
     // No DB_CONNECTION: the server runs the embedded cluster under DATA_ROOT.
-    let mut server = ChildServer::start("", &root.dir, log, &[]).await;
-    let token = login(&server.base, ADMIN_PASSWORD).await;
+    let mut server = ChildServer::start("", &root.dir, log, SERVER_ENV).await;
+    let token = server.admin_token().await;
 
-    let storm = start_storm(&server.base, &token, false);
+    let storm = start_storm(&server, &token, false);
     wait_for_acks(&storm.acked, 40).await;
     let killed = root.postmaster_pid();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(killed), nix::sys::signal::Signal::SIGKILL)
@@ -714,9 +604,10 @@ async fn embedded_postmaster_killed_mid_storm_is_restarted_by_the_server() {
         outcomes.iter().any(|(_, _, o)| *o == Some(503)),
         "the storm saw 503s while the database was down"
     );
-    retry_and_verify(&server.base, &token, pulled, outcomes).await;
+    retry_and_verify(&server, &token, pulled, outcomes).await;
 
     // A graceful stop also stops the cluster the server supervised.
-    server.terminate().await;
+    let status = server.terminate(Duration::from_secs(60)).await;
+    assert!(status.success(), "the server exits cleanly: {status} {}", server.log_text());
     assert_eq!(root.pg.postmaster_pid(), None, "the server stopped its cluster");
 }

@@ -2,11 +2,10 @@
 //! of the binary says so in its log, once (not at every sign-in), and `GET /auth/me` tells that
 //! admin (docs/api.md §6.5, §18.4); once it is changed, no start does and `/auth/me` stops saying so.
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::crash::ChildServer;
-use crate::helpers::{cluster, fresh_database};
+use crate::helpers::{cluster, fresh_database, ChildServer};
 
 const WARNING: &str = "still has the default password";
 
@@ -30,75 +29,37 @@ async fn the_default_admin_password_is_reported_at_every_start_until_changed() {
     }
 
     let mut server = ChildServer::start(&db_conn, data_root.path(), logs.path().join("3.log"), &unset).await;
-    let http = reqwest::Client::new();
-    let res = http
-        .post(format!("{}/auth/login", server.base))
-        .json(&json!({"username": "admin", "password": "admin"}))
-        .send()
-        .await
-        .expect("login");
-    assert_eq!(res.status(), StatusCode::OK, "admin/admin works while the warning is shown");
-    let token =
-        res.json::<serde_json::Value>().await.expect("body")["token"].as_str().expect("token").to_string();
-    let me = |token: String| {
-        let http = http.clone();
-        let url = format!("{}/auth/me", server.base);
+    // admin/admin works while the warning is shown, and `/auth/me` tells that admin.
+    let token = server.login("admin", "admin").await["token"].as_str().expect("token").to_string();
+    let default_password = |token: String| {
+        let api = server.api.clone();
         async move {
-            let res = http.get(url).bearer_auth(token).send().await.expect("me");
-            assert_eq!(res.status(), StatusCode::OK);
-            res.json::<serde_json::Value>().await.expect("me body")
+            let (status, me) = api.call(Method::GET, "/auth/me", Some(&token), None).await;
+            assert_eq!(status, StatusCode::OK, "{me}");
+            me["data"]["default_password"].clone()
         }
     };
-    assert_eq!(me(token.clone()).await["data"]["default_password"], true);
+    assert_eq!(default_password(token.clone()).await, true);
     // Signing in again and again adds nothing to the log: the warning is once per start.
     for _ in 0..3 {
-        let res = http
-            .post(format!("{}/auth/login", server.base))
-            .json(&json!({"username": "admin", "password": "admin"}))
-            .send()
-            .await
-            .expect("login");
-        assert_eq!(res.status(), StatusCode::OK);
+        server.login("admin", "admin").await;
     }
-    assert_eq!(me(token.clone()).await["data"]["default_password"], true, "the answer is remembered");
+    assert_eq!(default_password(token.clone()).await, true, "the answer is remembered");
     let log = server.log_text();
     assert_eq!(log.matches("default password").count(), 1, "one warning per start: {log}");
     // Another user is never told about the admin's password.
-    let res = http
-        .post(format!("{}/users", server.base))
-        .bearer_auth(&token)
-        .json(&json!({"username": "clerk", "password": "clerk-password-1", "role": "admin"}))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(res.status(), StatusCode::CREATED);
-    let res = http
-        .post(format!("{}/auth/login", server.base))
-        .json(&json!({"username": "clerk", "password": "clerk-password-1"}))
-        .send()
-        .await
-        .expect("login clerk");
-    let clerk =
-        res.json::<serde_json::Value>().await.expect("body")["token"].as_str().expect("token").to_string();
-    assert_eq!(me(clerk).await["data"]["default_password"], false);
-    let res = http
-        .post(format!("{}/users/change-password", server.base))
-        .bearer_auth(&token)
-        .json(&json!({"current_password": "admin", "new_password": "a-much-better-password-42"}))
-        .send()
-        .await
-        .expect("change password");
-    assert_eq!(res.status(), StatusCode::OK);
+    let clerk = server.user_token(&token, "clerk", "admin").await;
+    assert_eq!(default_password(clerk).await, false);
+
+    let change = json!({"current_password": "admin", "new_password": "a-much-better-password-42"});
+    let (status, _) = server.call(Method::POST, "/users/change-password", Some(&token), Some(change)).await;
+    assert_eq!(status, StatusCode::OK);
     // The same process, without a restart, knows the password changed.
-    let res = http
-        .post(format!("{}/auth/login", server.base))
-        .json(&json!({"username": "admin", "password": "a-much-better-password-42"}))
-        .send()
-        .await
-        .expect("login");
-    let token =
-        res.json::<serde_json::Value>().await.expect("body")["token"].as_str().expect("token").to_string();
-    assert_eq!(me(token).await["data"]["default_password"], false);
+    let token = server.login("admin", "a-much-better-password-42").await["token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    assert_eq!(default_password(token).await, false);
     server.kill().await;
 
     let mut server = ChildServer::start(&db_conn, data_root.path(), logs.path().join("4.log"), &unset).await;

@@ -578,7 +578,7 @@ async fn finished_job_files_expire_after_the_ttl() {
     assert_eq!(wait_for_job(&app, &admin, &id).await["state"], "done");
     let file = app.data_root.path().join("exports").join(format!("{id}.zip"));
     assert!(file.is_file());
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    app.advance_clock(Duration::from_secs(2));
     let (status, body) =
         app.call(Method::GET, &format!("/dataexport/jobs/{id}/download"), Some(&admin), None).await;
     assert_error(status, &body, 404, "NOT_FOUND");

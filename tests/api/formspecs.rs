@@ -4,8 +4,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::bundles::{push, zip_bytes};
-use crate::helpers::{assert_error, TestApp};
+use crate::helpers::{assert_error, zip_bytes, TestApp};
 
 fn household(version: &str, field: &str) -> serde_json::Value {
     json!({
@@ -128,7 +127,7 @@ async fn bundle_activation_registers_forms_with_conflict_warnings() {
             ("forms/visit/ui.json", br#"{"type": "VerticalLayout"}"#),
         ])
     };
-    let pushed = push(&app, &admin, bundle("<html>1</html>"), true).await;
+    let pushed = app.push_bundle(&admin, bundle("<html>1</html>"), true).await;
     assert_eq!(pushed["version"], "20250101-000000");
     let warnings = pushed["warnings"].as_array().expect("warnings");
     assert_eq!(warnings.len(), 1, "{pushed}");
@@ -145,7 +144,7 @@ async fn bundle_activation_registers_forms_with_conflict_warnings() {
     assert_eq!(body["schema"], visit_schema);
 
     // A switch also registers (identical content: no warning for visit, the conflict again).
-    let second = push(&app, &admin, bundle("<html>2</html>"), false).await;
+    let second = app.push_bundle(&admin, bundle("<html>2</html>"), false).await;
     assert_eq!(second["version"], "20250101-000000-2");
     assert_eq!(second["warnings"], json!([]));
     let (status, body) =

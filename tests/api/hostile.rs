@@ -7,8 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::bundles::small_bundle;
-use crate::helpers::TestApp;
+use crate::helpers::{small_bundle, TestApp};
 
 struct RawResponse {
     status: u16,
@@ -132,7 +131,7 @@ async fn traversal_and_nul_in_every_path_parameter_are_4xx() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
     // A bundle and an attachment exist, so the routes get past "nothing there yet".
-    crate::bundles::push(&app, &admin, small_bundle("20250101-000000", "x"), true).await;
+    app.push_bundle(&admin, small_bundle("20250101-000000", "x"), true).await;
     let res = app.client.put(app.url("/attachments/known.bin")).bearer_auth(&admin).body("abc").send().await;
     assert_eq!(res.expect("upload").status(), StatusCode::OK);
     for &(method, route, body) in PARAM_ROUTES {

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use synkronus::config::Config;
 use synkronus::startup::Application;
 
-use crate::helpers::{assert_error, test_env, TestApp};
+use crate::helpers::{assert_error, small_bundle, test_env, TestApp};
 
 /// The value of the first sample of `name` whose labels include every `labels` pair (0 if none).
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -97,7 +97,7 @@ async fn metrics_need_admin_and_move_with_requests() {
 
     // The active bundle is read at scrape time. Other tests' servers share the recorder and may
     // scrape in between, so a few scrapes are allowed for ours to show.
-    let pushed = crate::bundles::push(&app, &admin, crate::bundles::small_bundle("1.0.0", "m"), true).await;
+    let pushed = app.push_bundle(&admin, small_bundle("1.0.0", "m"), true).await;
     let version = pushed["version"].as_str().unwrap_or_else(|| panic!("version in {pushed}")).to_string();
     let mut shown = false;
     for _ in 0..10 {
@@ -180,7 +180,7 @@ async fn per_user_rate_limit_is_a_token_bucket() {
     assert!(sample(&text, "synkronus_rate_limited_total", &[("limit", "user")]) >= limited);
 
     // Refill at R per second.
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    app.advance_clock(std::time::Duration::from_millis(1100));
     assert_eq!(app.send(Method::GET, "/auth/me", Some(&reader), None).await.status(), StatusCode::OK);
 }
 

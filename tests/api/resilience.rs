@@ -1,14 +1,13 @@
 //! Graceful degradation and shutdown (API.md 2 and 16): the database server stopped and started
 //! under a running server, SIGTERM during a push storm, and logs without secrets.
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use synkronus::db::embedded::EmbeddedPostgres;
 
-use crate::helpers::{cluster, fresh_database, TestApp, ADMIN_PASSWORD, JWT_SECRET};
+use crate::helpers::{ChildServer, TestApp, ADMIN_PASSWORD, JWT_SECRET};
 
 /// Sends requests built by `make` until one answers `expected` (each within 8 s, all within 30 s).
 async fn until(
@@ -115,93 +114,11 @@ async fn database_server_stopped_and_restarted_under_a_running_server() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The built server binary as a child process on a fresh database of the test cluster.
-struct ServerProcess {
-    child: Child,
-    base: String,
-    db_conn: String,
-    _data_root: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-async fn spawn_binary(extra: &[(&str, &str)], stdout: Stdio, stderr: Stdio) -> ServerProcess {
-    let db = fresh_database().await;
-    let db_conn = cluster().connection_string(&db);
-    let data_root = tempfile::tempdir().expect("data root");
-    let port = free_port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_synkronus"));
-    cmd.arg("serve")
-        .current_dir(data_root.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("PORT", port.to_string())
-        .env("BIND_ADDRESS", "127.0.0.1")
-        .env("DB_CONNECTION", &db_conn)
-        .env("JWT_SECRET", JWT_SECRET)
-        .env("DATA_ROOT", data_root.path())
-        .env("ADMIN_PASSWORD", ADMIN_PASSWORD)
-        .env("RATE_LIMIT_LOGIN_PER_MIN", "10000")
-        .env("LOG_LEVEL", "warn")
-        .stdout(stdout)
-        .stderr(stderr);
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    let child = cmd.spawn().expect("start the server binary");
-    let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    let started = Instant::now();
-    loop {
-        if let Ok(res) = client.get(format!("{base}/ready")).send().await {
-            if res.status() == StatusCode::OK {
-                break;
-            }
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "the server binary did not become ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    ServerProcess { child, base, db_conn, _data_root: data_root }
-}
-
-fn sigterm(child: &Child) {
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-}
-
-async fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        if started.elapsed() > within {
-            let _ = child.kill();
-            panic!("the server did not exit within {within:?} of SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn login(client: &reqwest::Client, base: &str, password: &str) -> Value {
-    let res = client
-        .post(format!("{base}/auth/login"))
-        .json(&json!({"username": "admin", "password": password}))
-        .send()
-        .await
-        .expect("login");
-    assert_eq!(res.status(), StatusCode::OK);
-    res.json().await.expect("login body")
-}
-
 #[actix_web::test]
 async fn sigterm_during_a_push_storm_loses_no_acknowledged_push() {
-    let mut server = spawn_binary(&[], Stdio::null(), Stdio::null()).await;
-    let client = reqwest::Client::new();
-    let token =
-        login(&client, &server.base, ADMIN_PASSWORD).await["token"].as_str().expect("token").to_string();
+    let mut server = ChildServer::spawn(&[]).await;
+    let client = server.client.clone();
+    let token = server.admin_token().await;
 
     let mut pushers = Vec::new();
     for worker in 0..8 {
@@ -231,8 +148,7 @@ async fn sigterm_during_a_push_storm_loses_no_acknowledged_push() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    sigterm(&server.child);
-    let status = wait_exit(&mut server.child, Duration::from_secs(40)).await;
+    let status = server.terminate(Duration::from_secs(40)).await;
     assert!(status.success(), "exit status after SIGTERM: {status:?}");
 
     let mut acked = Vec::new();
@@ -255,18 +171,11 @@ async fn sigterm_during_a_push_storm_loses_no_acknowledged_push() {
 
 #[actix_web::test]
 async fn debug_json_logs_hold_no_secrets() {
-    let logs = tempfile::tempdir().expect("log dir");
-    let out_path = logs.path().join("stdout.log");
-    let err_path = logs.path().join("stderr.log");
-    let out = std::fs::File::create(&out_path).expect("stdout file");
-    let err = std::fs::File::create(&err_path).expect("stderr file");
-    let mut server =
-        spawn_binary(&[("LOG_LEVEL", "debug"), ("LOG_FORMAT", "json")], out.into(), err.into()).await;
-    let base = server.base.clone();
-    let client = reqwest::Client::new();
-    let url = |p: &str| format!("{base}{p}");
+    let mut server = ChildServer::spawn(&[("LOG_LEVEL", "debug"), ("LOG_FORMAT", "json")]).await;
+    let client = server.client.clone();
+    let url = |p: &str| server.url(p);
 
-    let session = login(&client, &base, ADMIN_PASSWORD).await;
+    let session = server.login("admin", ADMIN_PASSWORD).await;
     let access = session["token"].as_str().expect("token").to_string();
     let refresh = session["refresh_token"].as_str().expect("refresh").to_string();
     let user_password = "user-secret-Password-42";
@@ -278,7 +187,7 @@ async fn debug_json_logs_hold_no_secrets() {
         .await
         .expect("create user");
     assert_eq!(res.status(), StatusCode::CREATED);
-    let user = login(&client, &base, ADMIN_PASSWORD).await;
+    let user = server.login("admin", ADMIN_PASSWORD).await;
     let res = client
         .post(url("/auth/login"))
         .json(&json!({"username": "logged", "password": user_password}))
@@ -340,14 +249,9 @@ async fn debug_json_logs_hold_no_secrets() {
     let res = client.get(url("/auth/me")).bearer_auth(&user_access).send().await.expect("revoked");
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
 
-    sigterm(&server.child);
-    assert!(wait_exit(&mut server.child, Duration::from_secs(40)).await.success());
+    assert!(server.terminate(Duration::from_secs(40)).await.success());
 
-    let text = format!(
-        "{}{}",
-        std::fs::read_to_string(&out_path).expect("stdout"),
-        std::fs::read_to_string(&err_path).expect("stderr")
-    );
+    let text = server.log_text();
     assert!(text.lines().count() >= 3, "debug logging wrote almost nothing:\n{text}");
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let parsed: Result<Value, _> = serde_json::from_str(line);

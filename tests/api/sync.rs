@@ -12,68 +12,25 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("fixture json")
 }
 
-async fn push(app: &TestApp, token: &str, body: Value) -> (StatusCode, Value) {
-    app.call(Method::POST, "/sync/push", Some(token), Some(body)).await
-}
-
-/// Pulls everything after `after` (synkronus dialect), following has_more; returns all records
-/// and the final cursor, asserting the pagination invariants on every page.
-async fn pull_all(app: &TestApp, token: &str, client: &str, mut after: i64, limit: i64) -> (Vec<Value>, i64) {
-    let mut out = Vec::new();
-    loop {
-        let (status, body) = app
-            .call(
-                Method::POST,
-                &format!("/sync/pull?limit={limit}"),
-                Some(token),
-                Some(json!({"client_id": client, "since": {"version": after}})),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        let records = body["records"].as_array().expect("records array").clone();
-        let cutoff = body["change_cutoff"].as_i64().expect("cutoff");
-        let current = body["current_version"].as_i64().expect("current_version");
-        let has_more = body["has_more"].as_bool().expect("has_more");
-        let mut last = after;
-        for r in &records {
-            let v = r["version"].as_i64().expect("version");
-            assert!(v > last, "P2: change_ids strictly increasing ({v} after {last})");
-            last = v;
-        }
-        assert!(cutoff <= current, "P4");
-        if has_more {
-            assert!(cutoff > after && cutoff >= 1, "P3");
-            assert!(body["next_page_token"].is_string());
-        } else {
-            assert!(body.get("next_page_token").is_none(), "synkronus omits the token at the end");
-        }
-        out.extend(records);
-        if !has_more {
-            return (out, current);
-        }
-        after = cutoff;
-    }
-}
-
 #[actix_web::test]
 async fn upstream_fixtures_insert_update_delete_last_arrival_wins() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
-    let (status, body) = push(&app, &admin, fixture("test_observations.json")).await;
+    let (status, body) = app.push(&admin, fixture("test_observations.json")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["success_count"], 10);
     assert_eq!(body["current_version"], 10);
     assert_eq!(body["failed_records"], json!([]));
 
-    let (status, body) = push(&app, &admin, fixture("test_update_observations.json")).await;
+    let (status, body) = app.push(&admin, fixture("test_update_observations.json")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 11);
 
-    let (status, body) = push(&app, &admin, fixture("test_delete_observations.json")).await;
+    let (status, body) = app.push(&admin, fixture("test_delete_observations.json")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 21);
 
-    let (records, cursor) = pull_all(&app, &admin, "reader", 0, 3).await;
+    let (records, cursor) = app.pull_all(&admin, "reader", 0, 3).await;
     assert_eq!(cursor, 21);
     assert_eq!(records.len(), 10, "a record appears once, at its latest change");
     for r in &records {
@@ -126,7 +83,7 @@ async fn replay_mismatch_and_validation_store_nothing_twice() {
     // Same key, different payload: 409 and nothing stored.
     let mut changed = body.clone();
     changed["records"][0]["data"]["first_name"] = json!("Mallory");
-    let (status, err) = push(&app, &admin, changed).await;
+    let (status, err) = app.push(&admin, changed).await;
     assert_error(status, &err, 409, "TRANSMISSION_MISMATCH");
 
     // One invalid record among valid ones: 422 listing it, nothing stored.
@@ -136,7 +93,7 @@ async fn replay_mismatch_and_validation_store_nothing_twice() {
         {"observation_id": "", "form_type": "f", "data": {}},
         {"observation_id": "ok-4", "form_type": "f", "data": {}, "updated_at": "yesterday"},
     ]});
-    let (status, err) = push(&app, &admin, bad).await;
+    let (status, err) = app.push(&admin, bad).await;
     assert_error(status, &err, 422, "VALIDATION_FAILED");
     let paths: Vec<&str> =
         err["errors"].as_array().expect("errors").iter().filter_map(|e| e["path"].as_str()).collect();
@@ -154,7 +111,7 @@ async fn replay_mismatch_and_validation_store_nothing_twice() {
     // The failed transmission id may be retried once fixed.
     let fixed = json!({"transmission_id": "t-bad", "client_id": "c1", "records": [
         {"observation_id": "ok-1", "form_type": "f", "data": {"a": 1}}]});
-    let (status, ok) = push(&app, &admin, fixed).await;
+    let (status, ok) = app.push(&admin, fixed).await;
     assert_eq!(status, StatusCode::OK, "{ok}");
     assert_eq!(ok["current_version"], 11);
 }
@@ -173,7 +130,7 @@ async fn request_level_errors_are_400_and_roles_apply() {
         json!({"transmission_id": "t", "client_id": "c"}),
         json!({"transmission_id": "t", "client_id": "c", "records": {}}),
     ] {
-        let (status, err) = push(&app, &admin, body.clone()).await;
+        let (status, err) = app.push(&admin, body.clone()).await;
         assert_error(status, &err, 400, "BAD_REQUEST");
     }
     let (status, err) = app
@@ -186,7 +143,7 @@ async fn request_level_errors_are_400_and_roles_apply() {
         .await;
     assert_error(status, &err, 401, "MISSING_TOKEN");
     let (status, err) =
-        push(&app, &reader, json!({"transmission_id": "t", "client_id": "c", "records": []})).await;
+        app.push(&reader, json!({"transmission_id": "t", "client_id": "c", "records": []})).await;
     assert_error(status, &err, 403, "FORBIDDEN");
     // Readers may pull.
     let (status, body) =
@@ -195,7 +152,7 @@ async fn request_level_errors_are_400_and_roles_apply() {
     assert_eq!(body["records"], json!([]));
     // Empty push: valid, no change.
     let (status, body) =
-        push(&app, &admin, json!({"transmission_id": "e", "client_id": "c", "records": []})).await;
+        app.push(&admin, json!({"transmission_id": "e", "client_id": "c", "records": []})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["success_count"], 0);
     assert_eq!(body["current_version"], 0);
@@ -234,36 +191,36 @@ async fn dialects_round_trip_data_exactly() {
     let geo = json!({"latitude": -1.2921, "longitude": 36.8219, "accuracy": 8.5, "altitude": null});
 
     // synkronus push
-    let (status, body) = push(
-        &app,
-        &admin,
-        json!({"transmission_id": "t1", "client_id": "c", "records": [
+    let (status, body) = app
+        .push(
+            &admin,
+            json!({"transmission_id": "t1", "client_id": "c", "records": [
         {"observation_id": "s-1", "form_type": "ft", "form_version": "1", "data": data, "geolocation": geo,
          "created_at": "2025-06-27T12:55:58.123+02:00", "updated_at": "2025-06-27T10:55:58Z",
          "author": "enum1", "device_id": "dev-9", "tags": ["a", "b"]},
         {"observation_id": "s-2", "form_type": "ft", "data": raw_data}]}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     // spec push
-    let (status, body) = push(
-        &app,
-        &admin,
-        json!({"transmission_id": "t2", "client_id": "c", "records": [
+    let (status, body) = app
+        .push(
+            &admin,
+            json!({"transmission_id": "t2", "client_id": "c", "records": [
         {"id": "p-1", "schema_type": "ft", "schema_version": "2", "data": data}]}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["successes"], json!([{"id": "p-1", "change_id": 3}]));
     assert_eq!(body["change_cutoff"], 3);
     // camel push without transmissionId
-    let (status, body) = push(
-        &app,
-        &admin,
-        json!({"clientId": "web", "changes": {"observations": [
+    let (status, body) = app
+        .push(
+            &admin,
+            json!({"clientId": "web", "changes": {"observations": [
         {"observationId": "c-1", "formType": "ft", "formVersion": "3", "data": data, "deviceId": "d"}]}}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["timestamp"], 4);
     assert_eq!(body["conflicts"], json!([]));
@@ -354,7 +311,7 @@ async fn filters_limits_conflicts_and_cursor_beyond_head() {
         })
         .collect();
     let (status, _) =
-        push(&app, &admin, json!({"transmission_id": "t", "client_id": "c", "records": records})).await;
+        app.push(&admin, json!({"transmission_id": "t", "client_id": "c", "records": records})).await;
     assert_eq!(status, StatusCode::OK);
     // Type filter from body and query merged.
     let (_, body) = app
@@ -404,14 +361,14 @@ async fn filters_limits_conflicts_and_cursor_beyond_head() {
     assert_eq!(body["change_cutoff"], 6);
     assert_eq!(body["current_version"], 6);
     // A stale base version still wins, with a warning.
-    let (status, body) = push(
-        &app,
-        &admin,
-        json!({"transmission_id": "t2", "client_id": "c", "records": [
+    let (status, body) = app
+        .push(
+            &admin,
+            json!({"transmission_id": "t2", "client_id": "c", "records": [
         {"observation_id": "r1", "form_type": "odd", "data": {"i": 100}, "version": 1},
         {"observation_id": "r3", "form_type": "", "data": {"i": 300}, "version": 4}]}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let warnings = body["warnings"].as_array().expect("warnings");
     assert_eq!(warnings.len(), 2, "{body}");
@@ -431,9 +388,8 @@ async fn observations_listing_ownership_and_pagination() {
     let writer = app.user_token(&admin, "enum1", "read-write").await;
     let recs: Vec<Value> =
         (0..5).map(|i| json!({"observation_id": format!("w{i}"), "form_type": "f", "data": {}})).collect();
-    push(&app, &writer, json!({"transmission_id": "a", "client_id": "c", "records": recs})).await;
-    push(
-        &app,
+    app.push(&writer, json!({"transmission_id": "a", "client_id": "c", "records": recs})).await;
+    app.push(
         &admin,
         json!({"transmission_id": "b", "client_id": "c", "records": [
         {"observation_id": "a0", "form_type": "f", "data": {}},
@@ -635,7 +591,7 @@ async fn record_validation_warn_is_the_default() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
     register_household_spec(&app, &admin).await;
-    let (status, body) = push(&app, &admin, household_push("w")).await;
+    let (status, body) = app.push(&admin, household_push("w")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let warnings = body["warnings"].as_array().expect("warnings");
     assert_eq!(warnings.len(), 1, "only the non-deleted record of a known form is checked: {body}");
@@ -652,7 +608,7 @@ async fn record_validation_reject_stores_nothing() {
     let app = TestApp::spawn_with(&[("RECORD_VALIDATION", "reject")]).await;
     let admin = app.admin_token().await;
     register_household_spec(&app, &admin).await;
-    let (status, err) = push(&app, &admin, household_push("r")).await;
+    let (status, err) = app.push(&admin, household_push("r")).await;
     assert_error(status, &err, 422, "VALIDATION_FAILED");
     let items = err["errors"].as_array().expect("errors");
     assert!(items.iter().all(|e| e["code"] == "SCHEMA_MISMATCH" && e["recordId"] == "bad"), "{err}");
@@ -666,7 +622,7 @@ async fn record_validation_off_checks_nothing() {
     let app = TestApp::spawn_with(&[("RECORD_VALIDATION", "off")]).await;
     let admin = app.admin_token().await;
     register_household_spec(&app, &admin).await;
-    let (status, body) = push(&app, &admin, household_push("o")).await;
+    let (status, body) = app.push(&admin, household_push("o")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["warnings"], json!([]));
 }
@@ -678,25 +634,25 @@ async fn repeated_ids_in_a_push_keep_every_revision_and_the_owner() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
     let bob = app.user_token(&admin, "bob", "read-write").await;
-    let (status, body) = push(
-        &app,
-        &admin,
-        json!({"transmission_id": "t1", "client_id": "c1", "records": [
+    let (status, body) = app
+        .push(
+            &admin,
+            json!({"transmission_id": "t1", "client_id": "c1", "records": [
             {"observation_id": "y", "form_type": "f", "data": {"v": 1}}]}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = push(
-        &app,
-        &bob,
-        json!({"transmission_id": "t2", "client_id": "c2", "records": [
+    let (status, body) = app
+        .push(
+            &bob,
+            json!({"transmission_id": "t2", "client_id": "c2", "records": [
             {"observation_id": "x", "form_type": "f", "data": {"v": 1}},
             {"observation_id": "y", "form_type": "f", "data": {"v": 2}},
             {"observation_id": "x", "form_type": "f", "data": {"v": 2}},
             {"observation_id": "x", "form_type": "f", "deleted": true},
             {"observation_id": "y", "form_type": "f", "deleted": true}]}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 6);
 
@@ -733,7 +689,7 @@ async fn racing_updates_of_one_record_form_one_unbroken_history() {
             let body = json!({"transmission_id": format!("t{i}"), "client_id": format!("c{i}"), "records": [
                 {"observation_id": "shared", "form_type": "f", "data": {"writer": i}},
                 {"observation_id": format!("own-{i}"), "form_type": "f", "data": {"writer": i}}]});
-            let (status, body) = push(app, admin, body).await;
+            let (status, body) = app.push(admin, body).await;
             assert_eq!(status, StatusCode::OK, "{body}");
         }
     });

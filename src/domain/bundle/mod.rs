@@ -16,6 +16,8 @@ mod version;
 mod zip_directory;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod test_support;
 #[cfg(test)]
 mod tests;

@@ -12,7 +12,10 @@ mod inference;
 mod json;
 mod names;
 mod parquet_writer;
+mod request;
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;
 
@@ -25,6 +28,7 @@ pub use self::inference::{ColumnInference, ColumnType, DataColumn, MAX_DATA_COLU
 pub use self::json::{observation_json, write_ndjson_line};
 pub use self::names::{entry_name_for_form_type, raw_json_entry_name, MAX_ENTRY_NAME_BYTES};
 pub use self::parquet_writer::{ParquetFormWriter, MAX_ROW_GROUP_ROWS};
+pub use self::request::{ExportFilter, ExportFormat, ExportRequest, JobState, JobStatus, JobView};
 
 /// One observation as it leaves the database for an export.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::{Dialect, PullCursor, PullPage, PushResult, StoredRecord, Warning};
 use crate::domain::page_token::{self, TokenKind};
@@ -163,41 +163,89 @@ pub fn pull_response(dialect: Dialect, page: &PullPage) -> serde_json::Result<Ve
     }
 }
 
-fn warning_json(w: &Warning) -> Value {
-    serde_json::to_value(w).unwrap_or(Value::Null)
+#[derive(Serialize)]
+struct SynkronusPush<'a> {
+    current_version: i64,
+    success_count: usize,
+    failed_records: [Value; 0],
+    warnings: &'a [Warning],
+    repository_generation: i64,
 }
 
+#[derive(Serialize)]
+struct SpecPush<'a> {
+    successes: Vec<SpecSuccess<'a>>,
+    failures: [Value; 0],
+    warnings: &'a [Warning],
+    change_cutoff: i64,
+    repository_generation: i64,
+}
+
+#[derive(Serialize)]
+struct SpecSuccess<'a> {
+    id: &'a str,
+    change_id: i64,
+}
+
+#[derive(Serialize)]
+struct CamelPush<'a> {
+    timestamp: i64,
+    conflicts: Vec<CamelConflict<'a>>,
+    warnings: Vec<&'a Warning>,
+    repository_generation: i64,
+}
+
+/// A conflict as camel clients read it: both versions always present, `null` when unknown.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CamelConflict<'a> {
+    id: &'a str,
+    code: &'a str,
+    message: &'a str,
+    server_version: Option<i64>,
+    base_version: Option<i64>,
+}
+
+/// The push response body in `dialect`. A JSON value: its keys are written in map order, the
+/// layout clients have always received.
 pub fn push_response(dialect: Dialect, result: &PushResult) -> Value {
-    let mut body = push_body(dialect, result);
-    body["repository_generation"] = result.repository_generation.into();
-    body
-}
-
-fn push_body(dialect: Dialect, result: &PushResult) -> Value {
-    match dialect {
-        Dialect::Synkronus => json!({
-            "current_version": result.head,
-            "success_count": result.items.len(),
-            "failed_records": [],
-            "warnings": result.warnings.iter().map(warning_json).collect::<Vec<_>>(),
+    let head = result.head;
+    let repository_generation = result.repository_generation;
+    let body = match dialect {
+        Dialect::Synkronus => serde_json::to_value(SynkronusPush {
+            current_version: head,
+            success_count: result.items.len(),
+            failed_records: [],
+            warnings: &result.warnings,
+            repository_generation,
         }),
-        Dialect::Spec => json!({
-            "successes": result.items.iter().map(|(id, cid)| json!({"id": id, "change_id": cid})).collect::<Vec<_>>(),
-            "failures": [],
-            "warnings": result.warnings.iter().map(warning_json).collect::<Vec<_>>(),
-            "change_cutoff": result.head,
+        Dialect::Spec => serde_json::to_value(SpecPush {
+            successes: result
+                .items
+                .iter()
+                .map(|(id, change_id)| SpecSuccess { id, change_id: *change_id })
+                .collect(),
+            failures: [],
+            warnings: &result.warnings,
+            change_cutoff: head,
+            repository_generation,
         }),
         Dialect::Camel => {
-            let (conflicts, others): (Vec<&Warning>, Vec<&Warning>) =
+            let (conflicts, warnings): (Vec<&Warning>, Vec<&Warning>) =
                 result.warnings.iter().partition(|w| w.code == "CONFLICT_OVERWRITTEN");
-            json!({
-                "timestamp": result.head,
-                "conflicts": conflicts.iter().map(|w| json!({
-                    "id": w.id, "code": w.code, "message": w.message,
-                    "serverVersion": w.server_version, "baseVersion": w.base_version,
-                })).collect::<Vec<_>>(),
-                "warnings": others.iter().map(|w| warning_json(w)).collect::<Vec<_>>(),
-            })
+            let conflicts = conflicts
+                .into_iter()
+                .map(|w| CamelConflict {
+                    id: &w.id,
+                    code: &w.code,
+                    message: &w.message,
+                    server_version: w.server_version,
+                    base_version: w.base_version,
+                })
+                .collect();
+            serde_json::to_value(CamelPush { timestamp: head, conflicts, warnings, repository_generation })
         }
-    }
+    };
+    // Plain data throughout: serialising it cannot fail.
+    body.unwrap_or(Value::Null)
 }

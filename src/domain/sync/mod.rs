@@ -2,6 +2,10 @@
 
 pub mod decode;
 pub mod encode;
+pub mod plan;
+
+#[cfg(test)]
+mod fuzz;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -9,8 +9,14 @@
 //! (docs/api.md §4). Where dialects spell a field two ways, each spelling is its own field and an
 //! accessor states which one wins: serde's `alias` would refuse a body that carries both.
 
+pub mod admin;
+pub mod attachments;
 pub mod auth;
+pub mod bundles;
+pub mod export;
+pub mod formspecs;
 pub mod info;
+pub mod observations;
 pub mod users;
 
 use serde::de::{Deserialize, DeserializeOwned, Deserializer};
@@ -83,6 +89,12 @@ pub fn required_of<'a>(spellings: &[(&'a Text, &str)]) -> ApiResult<&'a str> {
             Err(named(format!("'{key}' is required"), key))
         }
     }
+}
+
+/// For `#[serde(default, deserialize_with = "present")]` on an `Option<Value>`: a key sent as
+/// `null` is `Some(Value::Null)`, told apart from a key not sent (`None`).
+pub fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
 }
 
 /// Decodes a JSON object body (already parsed by `JsonBody`) into its wire type.

@@ -1,0 +1,384 @@
+//! The configuration variables, one row each, in the order the README lists them (an order that
+//! matters: a path default reads `DATA_ROOT`, the embedded-database settings read
+//! `DB_CONNECTION`). Adding a variable is adding a row here and a field to `Config`; the README
+//! test then asks for the README's row.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::{absolute, Config, DatabaseConfig, LogFormat, RecordValidation};
+
+/// Stores a parsed value in the configuration, or says why the text is not one.
+type SetValue = fn(&mut Config, &str) -> Result<(), String>;
+/// The same for a variable that may stay unset (it is given `None` then).
+type SetOptional = fn(&mut Config, Option<&str>) -> Result<(), String>;
+
+/// One environment variable.
+pub struct Variable {
+    pub name: &'static str,
+    /// The README's "Meaning" column (Markdown).
+    pub meaning: &'static str,
+    kind: Kind,
+}
+
+enum Kind {
+    /// Unset, the default text is parsed as if it had been given.
+    Defaulted(&'static str, SetValue),
+    /// Unset is a state of its own, described for the README ("unset", "auto", ...).
+    Optional(&'static str, SetOptional),
+    /// Start-up stops when it is unset.
+    Required(SetValue, &'static str),
+}
+
+impl Variable {
+    const fn defaulted(
+        name: &'static str,
+        default: &'static str,
+        meaning: &'static str,
+        set: SetValue,
+    ) -> Self {
+        Variable { name, meaning, kind: Kind::Defaulted(default, set) }
+    }
+
+    const fn optional(
+        name: &'static str,
+        unset: &'static str,
+        meaning: &'static str,
+        set: SetOptional,
+    ) -> Self {
+        Variable { name, meaning, kind: Kind::Optional(unset, set) }
+    }
+
+    const fn required(name: &'static str, why: &'static str, meaning: &'static str, set: SetValue) -> Self {
+        Variable { name, meaning, kind: Kind::Required(set, why) }
+    }
+
+    /// The README's "Default" column.
+    pub fn default_shown(&self) -> String {
+        match self.kind {
+            Kind::Defaulted(value, _) => format!("`{value}`"),
+            Kind::Optional(unset, _) => unset.to_string(),
+            Kind::Required(..) => "required".to_string(),
+        }
+    }
+
+    /// Parses `raw` (or the default) into `config`; the error is the reason, without the name.
+    pub(super) fn apply(&self, config: &mut Config, raw: Option<&str>) -> Result<(), String> {
+        match (&self.kind, raw) {
+            (Kind::Defaulted(_, set), Some(raw)) | (Kind::Required(set, _), Some(raw)) => set(config, raw),
+            (Kind::Defaulted(default, set), None) => set(config, default),
+            (Kind::Optional(_, set), raw) => set(config, raw),
+            (Kind::Required(_, why), None) => Err(why.to_string()),
+        }
+    }
+}
+
+/// The README's configuration table, row for row.
+pub fn render_markdown_table() -> String {
+    let mut table = String::from("| Variable | Default | Meaning |\n|---|---|---|\n");
+    for v in VARIABLES {
+        table.push_str(&format!("| `{}` | {} | {} |\n", v.name, v.default_shown(), v.meaning));
+    }
+    table
+}
+
+macro_rules! set {
+    ($field:ident = $parse:expr) => {
+        |c: &mut Config, raw: &str| -> Result<(), String> {
+            c.$field = $parse(raw)?;
+            Ok(())
+        }
+    };
+}
+
+pub static VARIABLES: &[Variable] = &[
+    Variable::defaulted("PORT", "8080", "HTTP listen port", set!(port = port)),
+    Variable::defaulted("BIND_ADDRESS", "0.0.0.0", "Listen address", set!(bind_address = ip_address)),
+    Variable::optional(
+        "DB_CONNECTION",
+        "unset",
+        "`postgres://…` URL or libpq `key=value` string (`sslmode`, `connect_timeout` honoured). Unset: the \
+         embedded cluster under `DATA_ROOT/postgres`",
+        |c, raw| {
+            c.database = match non_blank(raw) {
+                Some(conn) => {
+                    crate::db::parse_connection(conn)?;
+                    DatabaseConfig::External(conn.to_string())
+                }
+                None => DatabaseConfig::Embedded { pg_run_as: String::new(), pg_bin_dir: None },
+            };
+            Ok(())
+        },
+    ),
+    Variable::defaulted(
+        "PG_RUN_AS",
+        "postgres",
+        "Embedded mode, running as root: the user that runs the cluster",
+        |c, raw| {
+            if let DatabaseConfig::Embedded { pg_run_as, .. } = &mut c.database {
+                *pg_run_as = raw.to_string();
+            }
+            Ok(())
+        },
+    ),
+    Variable::optional(
+        "PG_BIN_DIR",
+        "auto",
+        "Where `initdb`/`pg_ctl` live (else `PATH`, then the newest `/usr/lib/postgresql/*/bin`)",
+        |c, raw| {
+            if let DatabaseConfig::Embedded { pg_bin_dir, .. } = &mut c.database {
+                *pg_bin_dir = raw.filter(|s| !s.is_empty()).map(PathBuf::from);
+            }
+            Ok(())
+        },
+    ),
+    Variable::defaulted(
+        "DB_POOL_SIZE",
+        "16",
+        "Connections per process for requests (≥ 2); the change log keeps 2 more, each running export 1",
+        set!(db_pool_size = |raw| at_least(raw, 2)),
+    ),
+    Variable::required(
+        "JWT_SECRET",
+        "is required (at least 32 bytes)",
+        "HS256 key, at least 32 bytes",
+        |c, raw| {
+            if raw.len() < 32 {
+                return Err("must be at least 32 bytes long".into());
+            }
+            c.jwt_secret = raw.as_bytes().to_vec();
+            Ok(())
+        },
+    ),
+    Variable::defaulted("JWT_TTL_SECONDS", "3600", "Access-token lifetime", set!(jwt_ttl = seconds)),
+    Variable::defaulted(
+        "REFRESH_TTL_SECONDS",
+        "2592000",
+        "Refresh-token lifetime",
+        set!(refresh_ttl = seconds),
+    ),
+    Variable::defaulted("LOG_LEVEL", "info", "`trace` … `error`", |c, raw| {
+        let level = raw.to_lowercase();
+        if !["trace", "debug", "info", "warn", "error"].contains(&level.as_str()) {
+            return Err("must be trace, debug, info, warn or error".into());
+        }
+        c.log_level = level;
+        Ok(())
+    }),
+    Variable::defaulted("LOG_FORMAT", "text", "`text` or `json`", |c, raw| {
+        c.log_format = match raw.to_lowercase().as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            _ => return Err("must be text or json".into()),
+        };
+        Ok(())
+    }),
+    Variable::defaulted("DATA_ROOT", "./data", "All mutable files", |c, raw| {
+        c.data_root = absolute(&PathBuf::from(raw));
+        Ok(())
+    }),
+    Variable::optional(
+        "APP_BUNDLE_PATH",
+        "`DATA_ROOT/app-bundles`",
+        "Bundle versions (`versions/<id>/`)",
+        |c, raw| {
+            c.app_bundle_path =
+                raw.map_or_else(|| c.data_root.join("app-bundles"), |p| absolute(&PathBuf::from(p)));
+            Ok(())
+        },
+    ),
+    Variable::optional(
+        "ATTACHMENTS_PATH",
+        "`DATA_ROOT/attachments`",
+        "Attachment blobs (content-addressed)",
+        |c, raw| {
+            c.attachments_path =
+                raw.map_or_else(|| c.data_root.join("attachments"), |p| absolute(&PathBuf::from(p)));
+            Ok(())
+        },
+    ),
+    Variable::defaulted(
+        "MAX_VERSIONS_KEPT",
+        "5",
+        "Bundle versions retained",
+        set!(max_versions_kept = |raw| at_least::<i64>(raw, 1).map(|n| n as usize)),
+    ),
+    Variable::defaulted(
+        "ADMIN_USERNAME",
+        "admin",
+        "Initial admin's username, created when there are no users",
+        |c, raw| {
+            crate::domain::user::validate_username(raw).map_err(|_| "is not a valid username".to_string())?;
+            c.admin_username = raw.to_string();
+            Ok(())
+        },
+    ),
+    Variable::defaulted("ADMIN_PASSWORD", "admin", "Initial admin's password", |c, raw| {
+        if raw.is_empty() {
+            return Err("must not be empty".into());
+        }
+        c.admin_password = raw.to_string();
+        Ok(())
+    }),
+    Variable::optional(
+        "PUBLIC_URL",
+        "unset",
+        "External base URL for absolute links (attachment `download_url`)",
+        |c, raw| {
+            c.public_url = match non_blank(raw) {
+                None => None,
+                Some(url) => {
+                    let url = url.trim().trim_end_matches('/');
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err("must start with http:// or https://".into());
+                    }
+                    Some(url.to_string())
+                }
+            };
+            Ok(())
+        },
+    ),
+    Variable::optional(
+        "TRUSTED_PROXIES",
+        "empty",
+        "CIDRs allowed to set the client IP via `X-Forwarded-For`",
+        |c, raw| {
+            c.trusted_proxies = raw.map_or_else(|| Ok(Vec::new()), cidr_list)?;
+            Ok(())
+        },
+    ),
+    Variable::defaulted("CORS_ALLOWED_ORIGINS", "*", "Comma-separated origins", |c, raw| {
+        c.cors_allowed_origins = raw
+            .split(',')
+            .map(|s| s.trim().trim_end_matches('/').to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        Ok(())
+    }),
+    Variable::defaulted(
+        "MAX_JSON_BODY_BYTES",
+        "33554432",
+        "JSON body limit",
+        set!(max_json_body_bytes = |raw| at_least(raw, 1)),
+    ),
+    Variable::defaulted(
+        "MAX_ATTACHMENT_BYTES",
+        "67108864",
+        "Attachment size limit",
+        set!(max_attachment_bytes = number),
+    ),
+    Variable::defaulted(
+        "RECORD_VALIDATION",
+        "warn",
+        "`off`, `warn` or `reject`: pushed data against form JSON Schemas",
+        |c, raw| {
+            c.record_validation = match raw.to_lowercase().as_str() {
+                "off" => RecordValidation::Off,
+                "warn" => RecordValidation::Warn,
+                "reject" => RecordValidation::Reject,
+                _ => return Err("must be off, warn or reject".into()),
+            };
+            Ok(())
+        },
+    ),
+    Variable::defaulted(
+        "RATE_LIMIT_LOGIN_PER_MIN",
+        "10",
+        "Login attempts per (IP, username) per minute; 0 = off",
+        set!(rate_limit_login_per_min = number),
+    ),
+    Variable::defaulted(
+        "RATE_LIMIT_PER_USER_PER_SEC",
+        "0",
+        "Authenticated requests per user per second; 0 = off",
+        set!(rate_limit_per_user_per_sec = number),
+    ),
+    Variable::defaulted(
+        "EXPORT_MAX_CONCURRENT",
+        "2",
+        "Exports running at once",
+        set!(export_max_concurrent = |raw| at_least(raw, 1)),
+    ),
+    Variable::defaulted(
+        "EXPORT_JOB_TTL_SECONDS",
+        "3600",
+        "How long finished export-job files are kept",
+        set!(export_job_ttl = seconds),
+    ),
+    Variable::defaulted(
+        "TRANSMISSION_RETENTION_DAYS",
+        "30",
+        "How long push results are kept for idempotent replay",
+        set!(transmission_retention_days = number),
+    ),
+    Variable::optional(
+        "METRICS_PORT",
+        "unset",
+        "Also serve `/metrics` without auth on this port",
+        |c, raw| {
+            c.metrics_port = match non_blank(raw) {
+                None => None,
+                Some(raw) => match raw.trim().parse::<u16>() {
+                    Ok(p) if p > 0 => Some(p),
+                    _ => return Err("must be between 1 and 65535".into()),
+                },
+            };
+            Ok(())
+        },
+    ),
+    Variable::defaulted(
+        "REQUEST_BODY_TIMEOUT_SECONDS",
+        "30",
+        "A request body that stalls this long is answered with 400 (slow-body protection)",
+        set!(request_body_timeout = seconds),
+    ),
+];
+
+/// Blank counts as unset for the variables whose unset state means something.
+fn non_blank(raw: Option<&str>) -> Option<&str> {
+    raw.filter(|s| !s.trim().is_empty())
+}
+
+fn number<T: FromStr>(raw: &str) -> Result<T, String> {
+    raw.trim().parse::<T>().map_err(|_| format!("'{raw}' is not a valid number"))
+}
+
+fn at_least<T: FromStr + PartialOrd + std::fmt::Display>(raw: &str, min: T) -> Result<T, String> {
+    let n = number(raw)?;
+    if n < min {
+        return Err(format!("must be at least {min}"));
+    }
+    Ok(n)
+}
+
+/// A whole number of seconds, at least one.
+fn seconds(raw: &str) -> Result<Duration, String> {
+    at_least(raw, 1u64).map(Duration::from_secs)
+}
+
+fn port(raw: &str) -> Result<u16, String> {
+    match number::<u32>(raw)? {
+        p @ 1..=65535 => Ok(p as u16),
+        _ => Err("must be between 1 and 65535".into()),
+    }
+}
+
+fn ip_address(raw: &str) -> Result<IpAddr, String> {
+    raw.trim().parse().map_err(|_| format!("'{raw}' is not an IP address"))
+}
+
+fn cidr_list(raw: &str) -> Result<Vec<IpNet>, String> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<IpNet>()
+                .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| format!("'{s}' is not a CIDR"))
+        })
+        .collect()
+}

@@ -1,0 +1,402 @@
+//! SQL of the change log's group commit (docs/architecture.md, "the commit path of a push"): the
+//! inputs of the plan (stored transmissions and record states) and the writes of a plan
+//! (revisions, current states, transmission results), all in the caller's transaction under the
+//! change-log lock. The plan itself is `domain::sync::plan`.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{GenericClient, Transaction};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{Json, ToSql, Type};
+
+use super::records::raw_json;
+use crate::db::{stats, DbResult};
+use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
+
+/// The stored state of the records a commit touches (see `plan::records_to_read`).
+pub async fn current_states(
+    db: &impl GenericClient,
+    ids: &[&str],
+    need_data: &[&str],
+) -> DbResult<HashMap<String, CurrentState>> {
+    let rows = db
+        .query(
+            "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data::text END
+             FROM records WHERE id = ANY($1)",
+            &[&ids, &need_data],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            (
+                r.get::<_, String>(0),
+                CurrentState {
+                    change_id: r.get(1),
+                    created_at: r.get(2),
+                    created_by: r.get(3),
+                    data: r.get::<_, Option<String>>(4).map(raw_json),
+                },
+            )
+        })
+        .collect())
+}
+
+/// The stored results of the transmissions a batch names, for replay or mismatch detection.
+pub async fn find_transmissions(
+    db: &impl GenericClient,
+    client_ids: &[String],
+    transmission_ids: &[String],
+) -> DbResult<Vec<StoredTransmission>> {
+    if client_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = db
+        .query(
+            "SELECT t.client_id, t.transmission_id, t.fingerprint, t.result
+             FROM transmissions t
+             JOIN unnest($1::text[], $2::text[]) AS k(c, i) ON t.client_id = k.c AND t.transmission_id = k.i",
+            &[&client_ids, &transmission_ids],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let result: Value = r.get(3);
+            Some(StoredTransmission {
+                client_id: r.get(0),
+                transmission_id: r.get(1),
+                fingerprint: r.get(2),
+                result: serde_json::from_value(result).ok()?,
+            })
+        })
+        .collect())
+}
+
+/// Column arrays for one set-based insert of revisions (and, from the last revision of each id,
+/// the records' new current state). The values are borrowed from the pushes being committed and
+/// the states read for them: a group commit of thousands of records copies none of them.
+#[derive(Default)]
+pub struct RevisionBatch<'a> {
+    pub change_id: Vec<i64>,
+    pub record_id: Vec<&'a str>,
+    pub form_type: Vec<&'a str>,
+    pub form_version: Vec<&'a str>,
+    pub data: Vec<Json<&'a RawValue>>,
+    pub deleted: Vec<bool>,
+    pub created_at: Vec<Option<DateTime<Utc>>>,
+    pub updated_at: Vec<Option<DateTime<Utc>>>,
+    pub geolocation: Vec<Option<&'a Value>>,
+    pub author: Vec<Option<&'a str>>,
+    pub device_id: Vec<Option<&'a str>>,
+    pub tags: Vec<Option<Json<&'a [String]>>>,
+    pub client_id: Vec<&'a str>,
+    pub transmission_id: Vec<Option<&'a str>>,
+    pub pushed_by: Vec<&'a str>,
+    pub created_by: Vec<&'a str>,
+    pub overwrote_version: Vec<Option<i64>>,
+    pub conflict: Vec<bool>,
+}
+
+/// A batch's revision columns as rows `u(...)`, from the parameters of `revision_params`.
+const REVISION_UNNEST: &str =
+    "unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
+         $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
+         $13::text[], $14::text[], $15::text[], $16::bigint[], $17::bool[])
+     AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cl, tr, pb, ov, cf)";
+
+impl<'a> RevisionBatch<'a> {
+    /// `$1..$17` for `REVISION_UNNEST`, then `$18` the commit time.
+    fn revision_params<'s>(&'s self, synced_at: &'s DateTime<Utc>) -> [&'s (dyn ToSql + Sync); 18] {
+        [
+            &self.change_id,
+            &self.record_id,
+            &self.form_type,
+            &self.form_version,
+            &self.data,
+            &self.deleted,
+            &self.created_at,
+            &self.updated_at,
+            &self.geolocation,
+            &self.author,
+            &self.device_id,
+            &self.tags,
+            &self.client_id,
+            &self.transmission_id,
+            &self.pushed_by,
+            &self.overwrote_version,
+            &self.conflict,
+            synced_at,
+        ]
+    }
+
+    pub fn with_capacity(n: usize) -> Self {
+        RevisionBatch {
+            change_id: Vec::with_capacity(n),
+            record_id: Vec::with_capacity(n),
+            form_type: Vec::with_capacity(n),
+            form_version: Vec::with_capacity(n),
+            data: Vec::with_capacity(n),
+            deleted: Vec::with_capacity(n),
+            created_at: Vec::with_capacity(n),
+            updated_at: Vec::with_capacity(n),
+            geolocation: Vec::with_capacity(n),
+            author: Vec::with_capacity(n),
+            device_id: Vec::with_capacity(n),
+            tags: Vec::with_capacity(n),
+            client_id: Vec::with_capacity(n),
+            transmission_id: Vec::with_capacity(n),
+            pushed_by: Vec::with_capacity(n),
+            created_by: Vec::with_capacity(n),
+            overwrote_version: Vec::with_capacity(n),
+            conflict: Vec::with_capacity(n),
+        }
+    }
+
+    /// The plan's revisions as columns, borrowing every value.
+    pub fn from_plan(plan: &Plan<'a>) -> Self {
+        let mut b = RevisionBatch::with_capacity(plan.revisions.len());
+        for r in &plan.revisions {
+            let rec = r.record;
+            b.change_id.push(r.change_id);
+            b.record_id.push(&rec.id);
+            b.form_type.push(&rec.form_type);
+            b.form_version.push(&rec.form_version);
+            b.data.push(Json(r.data));
+            b.deleted.push(rec.deleted);
+            b.created_at.push(r.created_at);
+            b.updated_at.push(r.updated_at);
+            b.geolocation.push(rec.geolocation.as_ref());
+            b.author.push(rec.author.as_deref());
+            b.device_id.push(rec.device_id.as_deref());
+            b.tags.push(rec.tags.as_deref().map(Json));
+            b.client_id.push(&r.push.client_id);
+            b.transmission_id.push(r.push.transmission_id.as_deref());
+            b.pushed_by.push(&r.push.pushed_by);
+            b.created_by.push(r.created_by);
+            b.overwrote_version.push(r.overwrote);
+            b.conflict.push(r.conflict);
+        }
+        b
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.change_id.is_empty()
+    }
+
+    /// The rows at `indexes`, in order.
+    fn select(&self, indexes: &[usize]) -> RevisionBatch<'a> {
+        let mut out = RevisionBatch::with_capacity(indexes.len());
+        for &i in indexes {
+            out.change_id.push(self.change_id[i]);
+            out.record_id.push(self.record_id[i]);
+            out.form_type.push(self.form_type[i]);
+            out.form_version.push(self.form_version[i]);
+            out.data.push(Json(self.data[i].0));
+            out.deleted.push(self.deleted[i]);
+            out.created_at.push(self.created_at[i]);
+            out.updated_at.push(self.updated_at[i]);
+            out.geolocation.push(self.geolocation[i]);
+            out.author.push(self.author[i]);
+            out.device_id.push(self.device_id[i]);
+            out.tags.push(self.tags[i].as_ref().map(|t| Json(t.0)));
+            out.client_id.push(self.client_id[i]);
+            out.transmission_id.push(self.transmission_id[i]);
+            out.pushed_by.push(self.pushed_by[i]);
+            out.created_by.push(self.created_by[i]);
+            out.overwrote_version.push(self.overwrote_version[i]);
+            out.conflict.push(self.conflict[i]);
+        }
+        out
+    }
+}
+
+/// Commits a batch's revisions: the current state of every record it overwrites moves to
+/// `record_revisions` (copied inside the database), in-batch revisions that a later one replaces go
+/// there too, and each record's last revision becomes its current state.
+pub async fn write_revisions(
+    db: &Transaction<'_>,
+    b: &RevisionBatch<'_>,
+    superseded_in_batch: &[usize],
+    overwritten_ids: &[&str],
+    synced_at: DateTime<Utc>,
+) -> DbResult<()> {
+    if b.is_empty() {
+        return Ok(());
+    }
+    if !overwritten_ids.is_empty() {
+        db.execute(
+            "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
+                 updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
+                 overwrote_version, conflict)
+             SELECT change_id, id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
+                    geolocation, author, device_id, tags, client_id, transmission_id, pushed_by, overwrote_version,
+                    conflict
+             FROM records WHERE id = ANY($1)",
+            &[&overwritten_ids],
+        )
+        .await?;
+    }
+    if !superseded_in_batch.is_empty() {
+        insert_revision_rows(db, &b.select(superseded_in_batch), synced_at).await?;
+    }
+    // Each record's last revision in the batch becomes its current state: a plain insert for new
+    // ids and an update for stored ones. Under the change-log lock nobody else writes records, so
+    // neither needs ON CONFLICT's speculative insertion, nor a sort to keep one row per id.
+    let mut superseded = vec![false; b.change_id.len()];
+    for &i in superseded_in_batch {
+        superseded[i] = true;
+    }
+    let current = (0..b.change_id.len()).filter(|&i| !superseded[i]);
+    stats::count_changes(
+        db,
+        overwritten_ids,
+        current.map(|i| (b.form_type[i], b.created_at[i], b.deleted[i])),
+    )
+    .await?;
+    let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
+    let (updates, inserts): (Vec<usize>, Vec<usize>) =
+        (0..b.change_id.len()).filter(|&i| !superseded[i]).partition(|&i| stored.contains(b.record_id[i]));
+    if !inserts.is_empty() {
+        copy_current_rows(db, &b.select(&inserts), synced_at).await?;
+    }
+    if !updates.is_empty() {
+        update_current_rows(db, &b.select(&updates), synced_at).await?;
+    }
+    Ok(())
+}
+
+/// New records go in through binary COPY: no parameter arrays to build and unnest, and the rows
+/// stream to the server in small messages instead of one statement of many megabytes.
+async fn copy_current_rows(
+    tx: &Transaction<'_>,
+    b: &RevisionBatch<'_>,
+    synced_at: DateTime<Utc>,
+) -> DbResult<()> {
+    let sink = tx
+        .copy_in(
+            "COPY records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
+                 geolocation, author, device_id, tags, change_id, created_by, client_id, transmission_id,
+                 pushed_by, overwrote_version, conflict) FROM STDIN (FORMAT binary)",
+        )
+        .await?;
+    let writer = BinaryCopyInWriter::new(
+        sink,
+        &[
+            Type::TEXT,
+            Type::TEXT,
+            Type::TEXT,
+            Type::JSON,
+            Type::BOOL,
+            Type::TIMESTAMPTZ,
+            Type::TIMESTAMPTZ,
+            Type::TIMESTAMPTZ,
+            Type::JSON,
+            Type::TEXT,
+            Type::TEXT,
+            Type::JSON,
+            Type::INT8,
+            Type::TEXT,
+            Type::TEXT,
+            Type::TEXT,
+            Type::TEXT,
+            Type::INT8,
+            Type::BOOL,
+        ],
+    );
+    let mut writer = std::pin::pin!(writer);
+    for i in 0..b.change_id.len() {
+        writer
+            .as_mut()
+            .write(&[
+                &b.record_id[i],
+                &b.form_type[i],
+                &b.form_version[i],
+                &b.data[i],
+                &b.deleted[i],
+                &b.created_at[i],
+                &b.updated_at[i],
+                &synced_at,
+                &b.geolocation[i],
+                &b.author[i],
+                &b.device_id[i],
+                &b.tags[i],
+                &b.change_id[i],
+                &b.created_by[i],
+                &b.client_id[i],
+                &b.transmission_id[i],
+                &b.pushed_by[i],
+                &b.overwrote_version[i],
+                &b.conflict[i],
+            ])
+            .await?;
+    }
+    writer.finish().await?;
+    Ok(())
+}
+
+/// `created_by` stays: the record keeps the owner of its first revision.
+async fn update_current_rows(
+    db: &impl GenericClient,
+    b: &RevisionBatch<'_>,
+    synced_at: DateTime<Utc>,
+) -> DbResult<()> {
+    let sql = format!(
+        "UPDATE records SET
+             form_type = u.ft, form_version = u.fv, data = u.d, deleted = u.del, created_at = u.ca,
+             updated_at = u.ua, synced_at = $18, geolocation = u.g, author = u.au, device_id = u.dv, tags = u.tg,
+             change_id = u.c, client_id = u.cl, transmission_id = u.tr, pushed_by = u.pb,
+             overwrote_version = u.ov, conflict = u.cf
+         FROM {REVISION_UNNEST}
+         WHERE records.id = u.r"
+    );
+    db.execute(&sql, &b.revision_params(&synced_at)).await?;
+    Ok(())
+}
+
+async fn insert_revision_rows(
+    db: &impl GenericClient,
+    b: &RevisionBatch<'_>,
+    synced_at: DateTime<Utc>,
+) -> DbResult<()> {
+    let sql = format!(
+        "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
+             updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
+             overwrote_version, conflict)
+         SELECT c, r, ft, fv, d, del, ca, ua, $18, g, au, dv, tg, cl, tr, pb, ov, cf
+         FROM {REVISION_UNNEST}"
+    );
+    db.execute(&sql, &b.revision_params(&synced_at)).await?;
+    Ok(())
+}
+
+/// Stores the results of the plan's named transmissions, for idempotent replay.
+pub async fn insert_transmissions(
+    db: &impl GenericClient,
+    pushes: &[&Push],
+    plan: &Plan<'_>,
+) -> DbResult<()> {
+    let mut clients = Vec::new();
+    let mut ids = Vec::new();
+    let mut prints = Vec::new();
+    let mut results = Vec::new();
+    for (push, transmission_id, result) in plan.transmissions(pushes) {
+        clients.push(push.client_id.as_str());
+        ids.push(transmission_id);
+        prints.push(push.fingerprint.as_slice());
+        results.push(Json(result));
+    }
+    if clients.is_empty() {
+        return Ok(());
+    }
+    db.execute(
+        "INSERT INTO transmissions (client_id, transmission_id, fingerprint, result)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[])",
+        &[&clients, &ids, &prints, &results],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,326 @@
+//! The planning half of a group commit (docs/architecture.md, "the commit path of a push").
+//!
+//! Given the pushes waiting at the change log, what the database holds for their transmissions
+//! and records, the head and the commit time, these functions decide what each push becomes and
+//! which change_ids, revisions and results the commit writes. They do no I/O: the `ChangeLog`
+//! actor reads their inputs and writes their plan inside one transaction, under the change-log
+//! lock, so that the rules below (and their property tests) are the whole of the commit's logic:
+//!
+//! - change_ids are dense and ordered: the applied records get `head + 1 ..= head + n` in push
+//!   order, then record order, and the new head is the last of them;
+//! - one revision chain per record: each revision overwrites the one before it, whether that is
+//!   the stored state or an earlier revision of the same batch (which is then superseded), and a
+//!   record keeps its owner and creation time;
+//! - retries are idempotent: a transmission already stored replays its result, a second copy in
+//!   the same batch replays the first's, and another payload under the same id is a mismatch.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
+
+use super::{empty_object, IncomingRecord, PushResult, Warning};
+
+/// A validated push, ready to commit.
+#[derive(Debug, Clone)]
+pub struct Push {
+    pub client_id: String,
+    pub transmission_id: Option<String>,
+    pub fingerprint: Vec<u8>,
+    pub records: Vec<IncomingRecord>,
+    /// Warnings found before the commit (decoding, schema checks), by record index.
+    pub warnings: Vec<(usize, Warning)>,
+    pub pushed_by: String,
+    /// The repository generation the client holds, when it sent one (docs/api.md §17.2).
+    pub expected_generation: Option<i64>,
+}
+
+impl Push {
+    /// The JSON text the push stores, which dominates a commit's size.
+    pub fn data_bytes(&self) -> usize {
+        self.records.iter().map(|r| r.data.as_ref().map_or(0, |d| d.get().len())).sum()
+    }
+}
+
+/// A stored transmission result, for replay or mismatch detection.
+#[derive(Debug, Clone)]
+pub struct StoredTransmission {
+    pub client_id: String,
+    pub transmission_id: String,
+    pub fingerprint: Vec<u8>,
+    pub result: PushResult,
+}
+
+/// What the commit needs to know about a record that already exists.
+#[derive(Debug, Clone)]
+pub struct CurrentState {
+    pub change_id: i64,
+    pub created_at: Option<DateTime<Utc>>,
+    pub created_by: String,
+    /// Loaded only for records a deletion without data will touch (see [`records_to_read`]).
+    pub data: Option<Box<RawValue>>,
+}
+
+/// What a push turns into once the stored transmissions are known.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Apply,
+    Replay(PushResult),
+    /// A duplicate of an earlier push in the same batch: it replays that push's result.
+    SameAs(usize),
+    Mismatch,
+    /// The client holds another repository generation: nothing is stored.
+    ResetRequired,
+}
+
+/// The (client_id, transmission_id) pairs whose stored results [`decide`] needs.
+pub fn transmission_keys(pushes: &[&Push]) -> (Vec<String>, Vec<String>) {
+    pushes.iter().filter_map(|p| p.transmission_id.as_ref().map(|t| (p.client_id.clone(), t.clone()))).unzip()
+}
+
+/// Replays, mismatches and in-batch duplicates. Decided under the lock, so that concurrent
+/// duplicates (in this batch, a later batch or another process) see each other's results.
+pub fn decide(
+    pushes: &[&Push],
+    stored: Vec<StoredTransmission>,
+    repository_generation: i64,
+) -> Vec<Decision> {
+    let stored: HashMap<(String, String), StoredTransmission> =
+        stored.into_iter().map(|t| ((t.client_id.clone(), t.transmission_id.clone()), t)).collect();
+    let mut first_in_batch: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut decisions = Vec::with_capacity(pushes.len());
+    for (i, push) in pushes.iter().enumerate() {
+        if push.expected_generation.is_some_and(|g| g != repository_generation) {
+            decisions.push(Decision::ResetRequired);
+            continue;
+        }
+        let Some(tid) = &push.transmission_id else {
+            decisions.push(Decision::Apply);
+            continue;
+        };
+        let decision = if let Some(s) = stored.get(&(push.client_id.clone(), tid.clone())) {
+            if s.fingerprint == push.fingerprint {
+                Decision::Replay(s.result.clone())
+            } else {
+                Decision::Mismatch
+            }
+        } else if let Some(&j) = first_in_batch.get(&(push.client_id.as_str(), tid.as_str())) {
+            if pushes[j].fingerprint == push.fingerprint {
+                Decision::SameAs(j)
+            } else {
+                Decision::Mismatch
+            }
+        } else {
+            first_in_batch.insert((&push.client_id, tid), i);
+            Decision::Apply
+        };
+        decisions.push(decision);
+    }
+    decisions
+}
+
+fn applied<'p, 'a>(pushes: &'p [&'a Push], decisions: &'p [Decision]) -> impl Iterator<Item = &'a Push> + 'p {
+    pushes.iter().zip(decisions).filter(|(_, d)| matches!(d, Decision::Apply)).map(|(p, _)| *p)
+}
+
+/// The records whose stored state the plan needs, sorted and distinct, and among them those whose
+/// data it needs too (deletions that send none keep the stored data).
+pub fn records_to_read<'a>(pushes: &[&'a Push], decisions: &[Decision]) -> (Vec<&'a str>, Vec<&'a str>) {
+    let mut ids: Vec<&str> =
+        applied(pushes, decisions).flat_map(|p| p.records.iter().map(|r| r.id.as_str())).collect();
+    let need_data: Vec<&str> = applied(pushes, decisions)
+        .flat_map(|p| p.records.iter().filter(|r| r.data.is_none()).map(|r| r.id.as_str()))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    (ids, need_data)
+}
+
+/// One revision the commit writes, in change_id order.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedRevision<'a> {
+    pub push: &'a Push,
+    pub record: &'a IncomingRecord,
+    pub change_id: i64,
+    pub data: &'a RawValue,
+    pub created_at: Option<DateTime<Utc>>,
+    pub updated_at: Option<DateTime<Utc>>,
+    /// The record's owner: whoever pushed its first revision.
+    pub created_by: &'a str,
+    /// The change_id this revision replaces, if the record existed.
+    pub overwrote: Option<i64>,
+    /// The client based its change on an older revision than the one it overwrote.
+    pub conflict: bool,
+}
+
+/// Everything a group commit writes.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    pub revisions: Vec<PlannedRevision<'a>>,
+    /// Indexes into `revisions` of those that a later revision of the same record replaces: they
+    /// go to the history, the others become current states.
+    pub superseded_in_batch: Vec<usize>,
+    /// Per push: its result when it is applied.
+    pub results: Vec<Option<PushResult>>,
+    /// The head after the commit (unchanged when nothing is applied).
+    pub head: i64,
+    pub repository_generation: i64,
+}
+
+/// A record's latest state while the plan is built: as stored, or as an earlier revision of the
+/// same batch left it (then `batch_index` is that revision's row).
+#[derive(Clone, Copy)]
+struct Latest<'a> {
+    change_id: i64,
+    created_at: Option<DateTime<Utc>>,
+    created_by: &'a str,
+    data: Option<&'a RawValue>,
+    batch_index: Option<usize>,
+}
+
+/// `{}`: the data of a deletion whose record never had any.
+static EMPTY_OBJECT: LazyLock<Box<RawValue>> = LazyLock::new(empty_object);
+
+/// Assigns change_ids and builds the revisions and results of the applied pushes. `now` is the
+/// commit time, in the database's precision.
+pub fn plan<'a>(
+    pushes: &[&'a Push],
+    decisions: &[Decision],
+    stored: &'a HashMap<String, CurrentState>,
+    head: i64,
+    repository_generation: i64,
+    now: DateTime<Utc>,
+) -> Plan<'a> {
+    let mut latest: HashMap<&str, Latest> = stored
+        .iter()
+        .map(|(id, s)| {
+            let state = Latest {
+                change_id: s.change_id,
+                created_at: s.created_at,
+                created_by: &s.created_by,
+                data: s.data.as_deref(),
+                batch_index: None,
+            };
+            (id.as_str(), state)
+        })
+        .collect();
+    let mut plan = Plan {
+        revisions: Vec::with_capacity(applied(pushes, decisions).map(|p| p.records.len()).sum()),
+        superseded_in_batch: Vec::new(),
+        results: vec![None; pushes.len()],
+        head,
+        repository_generation,
+    };
+    for (i, (push, decision)) in pushes.iter().zip(decisions).enumerate() {
+        if matches!(decision, Decision::Apply) {
+            plan.results[i] = Some(plan.apply(push, &mut latest, now));
+        }
+    }
+    let head = plan.head;
+    for result in plan.results.iter_mut().flatten() {
+        result.head = head;
+    }
+    plan
+}
+
+impl<'a> Plan<'a> {
+    /// Appends one push's revisions; its result still lacks the batch's final head.
+    fn apply(
+        &mut self,
+        push: &'a Push,
+        latest: &mut HashMap<&'a str, Latest<'a>>,
+        now: DateTime<Utc>,
+    ) -> PushResult {
+        let mut items = Vec::with_capacity(push.records.len());
+        let mut warnings = push.warnings.clone();
+        for (index, rec) in push.records.iter().enumerate() {
+            self.head += 1;
+            let prev = latest.get(rec.id.as_str()).copied();
+            let overwrote = prev.map(|s| s.change_id);
+            let conflict = match (rec.base_version, overwrote) {
+                (Some(base), Some(current)) if base < current => {
+                    warnings.push((index, Warning::conflict_overwritten(&rec.id, base, current)));
+                    true
+                }
+                _ => false,
+            };
+            let revision = PlannedRevision {
+                push,
+                record: rec,
+                change_id: self.head,
+                data: rec.data.as_deref().or_else(|| prev.and_then(|s| s.data)).unwrap_or(&EMPTY_OBJECT),
+                created_at: rec.created_at.or_else(|| prev.and_then(|s| s.created_at)).or(Some(now)),
+                updated_at: rec.updated_at.or(Some(now)),
+                created_by: prev.map_or(push.pushed_by.as_str(), |s| s.created_by),
+                overwrote,
+                conflict,
+            };
+            if let Some(earlier) = prev.and_then(|s| s.batch_index) {
+                self.superseded_in_batch.push(earlier);
+            }
+            latest.insert(
+                &rec.id,
+                Latest {
+                    change_id: revision.change_id,
+                    created_at: revision.created_at,
+                    created_by: revision.created_by,
+                    data: Some(revision.data),
+                    batch_index: Some(self.revisions.len()),
+                },
+            );
+            self.revisions.push(revision);
+            items.push((rec.id.clone(), self.head));
+        }
+        warnings.sort_by_key(|(index, _)| *index);
+        PushResult {
+            head: 0,
+            repository_generation: self.repository_generation,
+            items,
+            warnings: warnings.into_iter().map(|(_, w)| w).collect(),
+        }
+    }
+
+    /// The results to store for replay: one per applied push that names its transmission.
+    pub fn transmissions<'p>(
+        &'p self,
+        pushes: &'p [&'a Push],
+    ) -> impl Iterator<Item = (&'a Push, &'a str, &'p PushResult)> + 'p {
+        pushes
+            .iter()
+            .zip(&self.results)
+            .filter_map(|(push, result)| Some((*push, push.transmission_id.as_deref()?, result.as_ref()?)))
+    }
+
+    /// What each push's sender is told, in push order.
+    pub fn outcomes(&self, decisions: Vec<Decision>) -> Vec<Outcome> {
+        decisions
+            .into_iter()
+            .enumerate()
+            .map(|(i, decision)| match decision {
+                Decision::Apply => self.results[i].clone().map_or(Outcome::Lost, Outcome::Applied),
+                Decision::SameAs(j) => self.results[j].clone().map_or(Outcome::Lost, Outcome::Replayed),
+                Decision::Replay(result) => Outcome::Replayed(result),
+                Decision::Mismatch => Outcome::Mismatch,
+                Decision::ResetRequired => Outcome::ResetRequired(self.repository_generation),
+            })
+            .collect()
+    }
+}
+
+/// A push's answer once its commit is done.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Applied(PushResult),
+    /// A stored (or same-batch) result given again for a retry.
+    Replayed(PushResult),
+    /// The transmission id is taken by another payload.
+    Mismatch,
+    /// The client must reset: the server holds this generation.
+    ResetRequired(i64),
+    /// A result the plan should have and does not: never expected, answered as an internal error.
+    Lost,
+}
+
+#[cfg(test)]
+mod tests;
