@@ -1,5 +1,5 @@
 //! The one error table: every failure the API can report maps to an HTTP status and a stable code
-//! here (API.md section 4), and every error body is built by `ApiError::error_response`. The
+//! here (docs/api.md §4), and every error body is built by `ApiError::error_response`. The
 //! layers below have their own errors (`DbError`, the domain's parse errors); they become an
 //! `ApiError` here, at the HTTP and actor boundaries, through the `From` impls at the end.
 
@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use crate::db::{BoxError, Conflict, DbError};
 use crate::domain::attachment::InvalidId;
+use crate::domain::bundle::BundleRejection;
 pub use crate::domain::problem::ItemProblem;
 use crate::domain::sync::decode::{DecodeError, DecodeErrorKind};
 
@@ -87,7 +88,7 @@ impl ErrorCode {
             TransmissionMismatch => "TRANSMISSION_MISMATCH",
             AttachmentExists => "ATTACHMENT_EXISTS",
             LastAdmin => "LAST_ADMIN",
-            // The 2026 clients compare this exact lower-case string (API.md 17.2).
+            // The 2026 clients compare this exact lower-case string (docs/api.md §17.2).
             RepositoryResetRequired => "repository_reset_required",
             PayloadTooLarge => "PAYLOAD_TOO_LARGE",
             RangeNotSatisfiable => "RANGE_NOT_SATISFIABLE",
@@ -363,6 +364,20 @@ impl From<DecodeError> for ApiError {
             DecodeErrorKind::InvalidPageToken => ErrorCode::InvalidPageToken,
         };
         ApiError::new(code, e.message).with_errors(e.problems)
+    }
+}
+
+impl From<BundleRejection> for ApiError {
+    fn from(rejection: BundleRejection) -> Self {
+        let total = rejection.problems.len();
+        let message =
+            format!("App bundle validation failed at the {} step: {total} problem(s)", rejection.step);
+        let errors = rejection
+            .problems
+            .into_iter()
+            .map(|problem| ItemProblem::new(problem.path, problem.code, problem.message))
+            .collect();
+        ApiError::new(ErrorCode::InvalidBundle, message).with_errors(errors)
     }
 }
 

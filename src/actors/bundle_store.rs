@@ -1,4 +1,5 @@
-//! `BundleStore` owns the active app bundle version (API.md 9, ARCHITECTURE.md "App bundles").
+//! `BundleStore` owns the active app bundle version (docs/api.md §9, docs/architecture.md
+//! "App bundles").
 //!
 //! Uploads are validated, unpacked into a staging folder, then renamed into
 //! `versions/<id>/` and recorded in one transaction under the bundle lock, so a failed upload
@@ -7,95 +8,34 @@
 //! LISTEN/NOTIFY, with a periodic re-read as the fallback. Every change carries the pointer's
 //! generation, so updates applied out of order never move the pointer back.
 
-use std::collections::HashMap;
+mod files;
+mod version;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use actix::WeakAddr;
-use bytes::Bytes;
 use chrono::{DateTime, Timelike, Utc};
 use dashmap::DashMap;
-use deadpool_postgres::Pool;
+use deadpool_postgres::{GenericClient, Pool, Transaction};
 use serde_json::Value;
+
+pub use files::staging_dir;
+use files::{remove_path, remove_stale_staging, remove_unrecorded, unpack, version_dir, zip_path};
+pub use version::VersionInfo;
 
 use crate::db;
 use crate::db::formspecs::Registration;
 use crate::domain::bundle::{
-    build_manifest, bundle_hash, declared_version_id, extract, validate_zip, version_id_candidates,
-    version_id_from_time, BundleManifest, BundleRejection, Limits, ManifestFile, ValidatedBundle,
-    VersionView,
+    declared_version_id, validate_zip, version_id_candidates, version_id_from_time, version_manifest, Limits,
+    ManifestFile, ValidatedBundle, VersionView,
 };
-use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
+use crate::error::{ApiError, ApiResult};
 
 /// How often the active pointer is re-read in case a notification was lost.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Staging entries older than this at start-up belong to no running upload.
-const STALE_STAGING_AGE: Duration = Duration::from_secs(6 * 3600);
-
-/// One stored version: its manifest (computed once, at upload) and where its files are.
-#[derive(Debug)]
-pub struct VersionInfo {
-    pub version: String,
-    pub created_at: DateTime<Utc>,
-    pub manifest: BundleManifest,
-    /// The serialised manifest, served as is by `GET /app-bundle/manifest`.
-    pub manifest_body: Bytes,
-    /// The version's own immutable folder.
-    pub dir: PathBuf,
-    /// The validated ZIP as pushed (API.md 17.6).
-    pub zip_path: PathBuf,
-    by_path: HashMap<String, usize>,
-}
-
-impl VersionInfo {
-    fn new(root: &Path, created_at: DateTime<Utc>, manifest: BundleManifest) -> ApiResult<Self> {
-        let manifest_body = Bytes::from(serde_json::to_vec(&manifest).map_err(ApiError::internal)?);
-        let by_path = manifest.files.iter().enumerate().map(|(i, file)| (file.path.clone(), i)).collect();
-        Ok(VersionInfo {
-            version: manifest.version.clone(),
-            created_at,
-            dir: version_dir(root, &manifest.version),
-            zip_path: zip_path(root, &manifest.version),
-            manifest_body,
-            manifest,
-            by_path,
-        })
-    }
-
-    fn from_row(root: &Path, row: db::bundles::VersionRow) -> ApiResult<Self> {
-        let manifest: BundleManifest = serde_json::from_value(row.manifest).map_err(|e| {
-            ApiError::internal(format!("stored manifest of {} is unreadable: {e}", row.version))
-        })?;
-        Self::new(root, row.created_at, manifest)
-    }
-
-    /// The manifest entry of a file, `None` for unknown paths and directories.
-    pub fn file(&self, path: &str) -> Option<&ManifestFile> {
-        self.by_path.get(path).and_then(|&index| self.manifest.files.get(index))
-    }
-
-    /// Where a listed file is stored. Only call with a path [`Self::file`] knows: those were
-    /// checked safe when the bundle was validated.
-    pub fn file_path(&self, path: &str) -> PathBuf {
-        path.split('/').fold(self.dir.clone(), |dir, segment| dir.join(segment))
-    }
-}
-
-fn version_dir(root: &Path, version: &str) -> PathBuf {
-    root.join("versions").join(version)
-}
-
-fn zip_path(root: &Path, version: &str) -> PathBuf {
-    root.join("versions").join(format!("{version}.zip"))
-}
-
-/// Where uploads and staging folders live: inside APP_BUNDLE_PATH, so renames are atomic.
-pub fn staging_dir(root: &Path) -> PathBuf {
-    root.join("tmp")
-}
 
 /// Which version a read wants.
 #[derive(Debug, Clone)]
@@ -184,7 +124,7 @@ impl BundleStoreHandle {
     }
 }
 
-/// A form spec as the API receives it (API.md 11.1), already checked.
+/// A form spec as the API receives it (docs/api.md §11.1), already checked.
 #[derive(Debug, Clone)]
 pub struct NewFormSpec {
     pub form_type: String,
@@ -448,8 +388,7 @@ impl Job {
         let upload = push.upload.clone();
         let bundle = tokio::task::spawn_blocking(move || validate_zip(&upload, &limits))
             .await
-            .map_err(ApiError::internal)?
-            .map_err(rejection_error)?;
+            .map_err(ApiError::internal)??;
 
         let created_at = now_micros();
         let staging = staging_dir(&self.root).join(format!("{}.d", uuid::Uuid::new_v4().simple()));
@@ -486,62 +425,16 @@ impl Job {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         db::bundles::lock(&tx).await?;
-        let base = bundle
-            .manifest
-            .as_ref()
-            .and_then(declared_version_id)
-            .unwrap_or_else(|| version_id_from_time(push.received_at));
-        let mut version = base.clone();
-        for candidate in version_id_candidates(&base) {
-            if !db::bundles::id_used(&tx, &candidate).await? {
-                version = candidate;
-                break;
-            }
-        }
-        let manifest = BundleManifest {
-            name: bundle.display_name(&version).to_owned(),
-            entry_point: bundle.entry_point.clone(),
-            hash: bundle_hash(&version, &files),
-            generated_at: crate::domain::bundle::format_timestamp(created_at),
-            version: version.clone(),
-            files,
-        };
+        let version = free_version_id(&tx, bundle, push.received_at).await?;
+        let manifest = version_manifest(bundle, &version, files, created_at);
         let manifest_json = serde_json::to_value(&manifest).map_err(ApiError::internal)?;
         let info = Arc::new(VersionInfo::new(&self.root, created_at, manifest)?);
 
-        // A folder left by a crash between rename and commit has no row: it is an orphan.
-        for leftover in [&info.dir, &info.zip_path] {
-            if tokio::fs::symlink_metadata(leftover).await.is_ok() {
-                tracing::warn!(path = %leftover.display(), "removing an unrecorded app bundle leftover");
-                remove_path(leftover).await;
-            }
-        }
+        remove_unrecorded([&info.dir, &info.zip_path]).await;
         tokio::fs::rename(staging, &info.dir).await?;
         let stored = async {
             tokio::fs::rename(&push.upload, &info.zip_path).await?;
-            db::bundles::insert(
-                &tx,
-                &version,
-                &info.manifest.name,
-                &info.manifest.entry_point,
-                created_at,
-                &manifest_json,
-            )
-            .await?;
-            let mut activated = None;
-            let mut warnings = Vec::new();
-            if push.activate {
-                let generation = db::bundles::set_active(&tx, &version).await?;
-                let forms: Vec<(String, Value, Value)> = bundle
-                    .forms
-                    .iter()
-                    .map(|(name, form)| (name.clone(), form.schema.clone(), form.ui.clone()))
-                    .collect();
-                warnings = db::formspecs::register_bundle_forms(&tx, &version, &forms).await?;
-                activated = Some(generation);
-            }
-            tx.commit().await?;
-            ApiResult::Ok((activated, warnings))
+            insert_version(tx, bundle, &info, &manifest_json, push.activate).await
         }
         .await;
         let (activated, warnings) = match stored {
@@ -558,7 +451,7 @@ impl Job {
         Ok((PushOutcome { version: info, active: pointer.is_some(), warnings }, pointer))
     }
 
-    /// Retention after an upload (API.md 9.3). A failure is logged: the upload itself succeeded.
+    /// Retention after an upload (docs/api.md §9.3). A failure is logged: the upload itself succeeded.
     async fn retain(&self, keep: usize, just_uploaded: &str) {
         let result = async {
             let mut client = self.pool.get().await?;
@@ -626,60 +519,63 @@ impl Job {
     }
 }
 
-/// Extracts into `staging` and hashes every file once. The id is not known yet, so the
-/// bundle hash is computed later from these entries.
-fn unpack(
+/// The declared id (or one from the upload time), suffixed until it names no version ever
+/// stored. Run under the bundle lock, so two uploads cannot pick the same id.
+async fn free_version_id(
+    tx: &impl GenericClient,
     bundle: &ValidatedBundle,
-    upload: &Path,
-    staging: &Path,
-    created_at: DateTime<Utc>,
-) -> std::io::Result<Vec<ManifestFile>> {
-    std::fs::create_dir_all(staging)?;
-    extract(bundle, upload, staging)?;
-    Ok(build_manifest("", "", &bundle.entry_point, created_at, staging)?.files)
+    received_at: DateTime<Utc>,
+) -> ApiResult<String> {
+    let base = bundle
+        .manifest
+        .as_ref()
+        .and_then(declared_version_id)
+        .unwrap_or_else(|| version_id_from_time(received_at));
+    for candidate in version_id_candidates(&base) {
+        if !db::bundles::id_used(tx, &candidate).await? {
+            return Ok(candidate);
+        }
+    }
+    Ok(base)
 }
 
-fn rejection_error(rejection: BundleRejection) -> ApiError {
-    let total = rejection.problems.len();
-    let message = format!("App bundle validation failed at the {} step: {total} problem(s)", rejection.step);
-    let errors = rejection
-        .problems
-        .into_iter()
-        .map(|problem| ItemProblem::new(problem.path, problem.code, problem.message))
-        .collect();
-    ApiError::new(ErrorCode::InvalidBundle, message).with_errors(errors)
+/// Inserts the version's row and, when asked, activates it and registers its forms, then
+/// commits. Returns the new pointer generation if activated, and the registration warnings.
+async fn insert_version(
+    tx: Transaction<'_>,
+    bundle: &ValidatedBundle,
+    info: &VersionInfo,
+    manifest_json: &Value,
+    activate: bool,
+) -> ApiResult<(Option<i64>, Vec<Value>)> {
+    let manifest = &info.manifest;
+    db::bundles::insert(
+        &tx,
+        &info.version,
+        &manifest.name,
+        &manifest.entry_point,
+        info.created_at,
+        manifest_json,
+    )
+    .await?;
+    let mut activated = None;
+    let mut warnings = Vec::new();
+    if activate {
+        let generation = db::bundles::set_active(&tx, &info.version).await?;
+        let forms: Vec<(String, Value, Value)> = bundle
+            .forms
+            .iter()
+            .map(|(name, form)| (name.clone(), form.schema.clone(), form.ui.clone()))
+            .collect();
+        warnings = db::formspecs::register_bundle_forms(&tx, &info.version, &forms).await?;
+        activated = Some(generation);
+    }
+    tx.commit().await?;
+    Ok((activated, warnings))
 }
 
 /// Database timestamps keep microseconds; truncating keeps memory and rows equal.
 fn now_micros() -> DateTime<Utc> {
     let now = Utc::now();
     now.with_nanosecond(now.nanosecond() / 1_000 * 1_000).unwrap_or(now)
-}
-
-/// Uploads and staging folders left by a crash. Only old ones: another process sharing
-/// APP_BUNDLE_PATH may be receiving an upload right now.
-fn remove_stale_staging(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let age = entry.metadata().and_then(|meta| meta.modified()).ok().and_then(|t| t.elapsed().ok());
-        if age.is_some_and(|age| age > STALE_STAGING_AGE) {
-            let path = entry.path();
-            let removed =
-                if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
-            if let Err(error) = removed {
-                tracing::warn!(%error, path = %path.display(), "cannot remove a stale app bundle upload");
-            }
-        }
-    }
-}
-
-async fn remove_path(path: &Path) {
-    let result = match tokio::fs::symlink_metadata(path).await {
-        Ok(meta) if meta.is_dir() => tokio::fs::remove_dir_all(path).await,
-        Ok(_) => tokio::fs::remove_file(path).await,
-        Err(_) => return,
-    };
-    if let Err(error) = result {
-        tracing::warn!(%error, path = %path.display(), "cannot remove app bundle files");
-    }
 }

@@ -1,4 +1,4 @@
-//! The per-version manifest of API.md 9.4 and its stable bundle hash.
+//! The per-version manifest of docs/api.md §9.4 and its stable bundle hash.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -9,9 +9,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use walkdir::WalkDir;
 
+use super::ValidatedBundle;
 use crate::domain::mime::mime_for_path;
 
-/// `GET /app-bundle/manifest` body; key names and order as in API.md 9.4.
+/// `GET /app-bundle/manifest` body; key names and order as in docs/api.md §9.4.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BundleManifest {
@@ -67,7 +68,7 @@ pub fn build_manifest(
             mod_time: timestamp.clone(),
         });
     }
-    // `str` ordering is byte order, as API.md 9.4 requires.
+    // `str` ordering is byte order, as docs/api.md §9.4 requires.
     files.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(BundleManifest {
         version: version_id.to_owned(),
@@ -77,6 +78,25 @@ pub fn build_manifest(
         generated_at: timestamp,
         files,
     })
+}
+
+/// The manifest of an uploaded version, from the files hashed when it was unpacked (before its
+/// id was known) and the id assigned under the bundle lock: the same manifest
+/// [`build_manifest`] gives for the version folder, without reading it again.
+pub fn version_manifest(
+    bundle: &ValidatedBundle,
+    version_id: &str,
+    files: Vec<ManifestFile>,
+    created_at: DateTime<Utc>,
+) -> BundleManifest {
+    BundleManifest {
+        version: version_id.to_owned(),
+        name: bundle.display_name(version_id).to_owned(),
+        entry_point: bundle.entry_point.clone(),
+        hash: bundle_hash(version_id, &files),
+        generated_at: format_timestamp(created_at),
+        files,
+    }
 }
 
 /// SHA-256 hex of `version_id \n` then `path \t hash \t size \n` per file, in
@@ -93,7 +113,7 @@ pub fn bundle_hash(version_id: &str, files: &[ManifestFile]) -> String {
 }
 
 /// RFC 3339 in UTC with `Z`; microseconds with trailing zeros trimmed, and no
-/// fraction at all when it is zero (API.md 1.4).
+/// fraction at all when it is zero (docs/api.md §1.4).
 pub fn format_timestamp(time: DateTime<Utc>) -> String {
     let micros = time.nanosecond() / 1_000;
     if micros == 0 {

@@ -1,4 +1,4 @@
-//! App bundles (API.md section 9): validation of an uploaded ZIP, safe
+//! App bundles (docs/api.md §9): validation of an uploaded ZIP, safe
 //! extraction, version ids, the per-version manifest and the comparison of
 //! two versions. Everything here works on local files only; the HTTP layer
 //! streams the upload to a temporary file and the storage layer decides where
@@ -35,11 +35,13 @@ pub use changes::{
 };
 pub use extract::extract;
 pub use forms::BUILT_IN_RENDERERS;
-pub use manifest::{build_manifest, bundle_hash, format_timestamp, BundleManifest, ManifestFile};
+pub use manifest::{
+    build_manifest, bundle_hash, format_timestamp, version_manifest, BundleManifest, ManifestFile,
+};
 pub use validate::validate_zip;
 pub use version::{declared_version_id, strip_active_marker, version_id_candidates, version_id_from_time};
 
-/// Problem codes of API.md 9.2; the `code` of every [`Problem`] is one of these.
+/// Problem codes of docs/api.md §9.2; the `code` of every [`Problem`] is one of these.
 pub mod codes {
     pub const ZIP_CORRUPT: &str = "ZIP_CORRUPT";
     pub const ZIP_UNSAFE_PATH: &str = "ZIP_UNSAFE_PATH";
@@ -63,7 +65,7 @@ pub mod codes {
     pub const RENDERER_REFERENCE_MISSING: &str = "RENDERER_REFERENCE_MISSING";
 }
 
-/// Names of the validation steps of API.md 9.2, in the order they run. The
+/// Names of the validation steps of docs/api.md §9.2, in the order they run. The
 /// HTTP layer puts the failing one into the error `detail`.
 pub mod steps {
     pub const STRUCTURE: &str = "structure";
@@ -72,7 +74,7 @@ pub mod steps {
     pub const FORMS: &str = "forms";
 }
 
-/// Numeric limits of API.md 9.2. `Default` gives the contract's values; tests
+/// Numeric limits of docs/api.md §9.2. `Default` gives the contract's values; tests
 /// and operators may tighten them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -137,7 +139,7 @@ impl fmt::Display for BundleRejection {
 
 impl std::error::Error for BundleRejection {}
 
-/// The archive layouts of API.md 9.1.
+/// The archive layouts of docs/api.md §9.1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Layout {
@@ -175,7 +177,7 @@ impl Layout {
     }
 }
 
-/// The contents of a valid `manifest.json` (API.md 9.1).
+/// The contents of a valid `manifest.json` (docs/api.md §9.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeclaredManifest {
     pub version: String,
@@ -196,7 +198,7 @@ pub struct BundleFile {
     pub zip_index: usize,
 }
 
-/// One form folder of a validated bundle, ready to register as a form spec (API.md 11.2).
+/// One form folder of a validated bundle, ready to register as a form spec (docs/api.md §11.2).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BundleForm {
     pub schema: Value,
@@ -208,7 +210,7 @@ pub struct BundleForm {
 pub struct ValidatedBundle {
     pub layout: Layout,
     /// The declared manifest, or `None` for Synkronus 1.0 bundles; the caller
-    /// then synthesises `{version: id, name: id, entryPoint}` (API.md 9.1).
+    /// then synthesises `{version: id, name: id, entryPoint}` (docs/api.md §9.1).
     pub manifest: Option<DeclaredManifest>,
     /// Declared `entryPoint`, or the layout's default when there is no manifest.
     pub entry_point: String,

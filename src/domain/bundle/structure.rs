@@ -39,9 +39,23 @@ pub(super) fn scan_archive(
     zip_path: &Path,
     limits: &Limits,
 ) -> Result<(ScannedArchive, Vec<Problem>), Vec<Problem>> {
-    let corrupt = |error: &dyn std::fmt::Display| {
-        vec![Problem::new("", codes::ZIP_CORRUPT, format!("the file is not a readable ZIP archive: {error}"))]
-    };
+    let mut archive = open_archive(zip_path, limits)?;
+    let raw_duplicates = raw_duplicate_names(zip_path, &archive, limits)?;
+    let mut scan = Scan::new(&archive, &raw_duplicates, limits);
+    for index in 0..archive.len() {
+        scan.entry(&mut archive, index);
+    }
+    let Scan { mut problems, entries, .. } = scan;
+    problems.extend(files_used_as_folders(&entries));
+    Ok((ScannedArchive { archive, entries }, problems))
+}
+
+fn corrupt(error: &dyn std::fmt::Display) -> Vec<Problem> {
+    vec![Problem::new("", codes::ZIP_CORRUPT, format!("the file is not a readable ZIP archive: {error}"))]
+}
+
+/// Opens the archive, refusing one with more entries than allowed.
+fn open_archive(zip_path: &Path, limits: &Limits) -> Result<ZipArchive<File>, Vec<Problem>> {
     let mut file = File::open(zip_path).map_err(|error| corrupt(&error))?;
     // Refuse huge central directories before the zip crate materialises them.
     if let Some(count) = declared_entry_count(&mut file).map_err(|error| corrupt(&error))? {
@@ -49,151 +63,190 @@ pub(super) fn scan_archive(
             return Err(vec![too_many_entries(count, limits)]);
         }
     }
-    let mut archive = ZipArchive::new(file).map_err(|error| corrupt(&error))?;
+    let archive = ZipArchive::new(file).map_err(|error| corrupt(&error))?;
     if archive.len() > limits.max_entries {
         return Err(vec![too_many_entries(archive.len() as u64, limits)]);
     }
+    Ok(archive)
+}
 
-    let mut problems = Vec::new();
-    let raw_duplicates = if archive.has_duplicate_names() {
-        let directory_start = archive.central_directory_start();
-        let mut reader = File::open(zip_path).map_err(|error| corrupt(&error))?;
-        duplicate_raw_names(&mut reader, directory_start, limits.max_entries + 1)
-            .map_err(|error| corrupt(&error))?
-    } else {
-        BTreeMap::new()
-    };
-    for raw_name in raw_duplicates.keys() {
-        problems.push(duplicate_problem(&String::from_utf8_lossy(raw_name)));
+/// Raw names the central directory holds more than once. The zip crate keeps only one entry
+/// per name, so the directory is read again to find them.
+fn raw_duplicate_names(
+    zip_path: &Path,
+    archive: &ZipArchive<File>,
+    limits: &Limits,
+) -> Result<BTreeMap<Vec<u8>, usize>, Vec<Problem>> {
+    if !archive.has_duplicate_names() {
+        return Ok(BTreeMap::new());
+    }
+    let directory_start = archive.central_directory_start();
+    let mut reader = File::open(zip_path).map_err(|error| corrupt(&error))?;
+    duplicate_raw_names(&mut reader, directory_start, limits.max_entries + 1).map_err(|error| corrupt(&error))
+}
+
+/// What the scan carries from one entry to the next.
+struct Scan<'a> {
+    limits: &'a Limits,
+    raw_duplicates: &'a BTreeMap<Vec<u8>, usize>,
+    problems: Vec<Problem>,
+    entries: Vec<SafeEntry>,
+    /// Decoded name (without directory slash) to whether it was reported already.
+    seen_paths: HashMap<String, bool>,
+    /// Off once the declared or the inflated sizes exceed the total budget.
+    inflation_allowed: bool,
+    inflated_total: u64,
+}
+
+impl<'a> Scan<'a> {
+    fn new(
+        archive: &ZipArchive<File>,
+        raw_duplicates: &'a BTreeMap<Vec<u8>, usize>,
+        limits: &'a Limits,
+    ) -> Self {
+        let mut problems: Vec<Problem> = raw_duplicates
+            .keys()
+            .map(|raw_name| duplicate_problem(&String::from_utf8_lossy(raw_name)))
+            .collect();
+        let inflation_allowed = declared_total(archive) <= limits.max_total_uncompressed_bytes;
+        if !inflation_allowed {
+            problems.push(total_too_large(limits));
+        }
+        Scan {
+            limits,
+            raw_duplicates,
+            problems,
+            entries: Vec::with_capacity(archive.len()),
+            seen_paths: HashMap::new(),
+            inflation_allowed,
+            inflated_total: 0,
+        }
     }
 
-    let declared_total: u64 = (0..archive.len())
-        .filter_map(|index| archive.by_index_data(index).ok())
-        .map(|entry| entry.size())
-        .fold(0u64, u64::saturating_add);
-    let mut inflation_allowed = declared_total <= limits.max_total_uncompressed_bytes;
-    if !inflation_allowed {
-        problems.push(total_too_large(limits));
-    }
-
-    let mut entries = Vec::with_capacity(archive.len());
-    // Decoded name (without directory slash) to whether it was reported already.
-    let mut seen_paths: HashMap<String, bool> = HashMap::new();
-    let mut inflated_total: u64 = 0;
-    for index in 0..archive.len() {
+    /// Checks one entry; a safely named entry that passes every check joins `entries`.
+    fn entry(&mut self, archive: &mut ZipArchive<File>, index: usize) {
         let metadata = match archive.by_index_data(index) {
             Ok(entry) => EntryMetadata::from_entry(&entry),
             Err(error) => {
-                problems.push(Problem::new("", codes::ZIP_CORRUPT, error.to_string()));
-                continue;
+                self.problems.push(Problem::new("", codes::ZIP_CORRUPT, error.to_string()));
+                return;
             }
         };
         let display_name =
             metadata.name.clone().unwrap_or_else(|| String::from_utf8_lossy(&metadata.raw_name).into_owned());
-        let name_is_safe = match &metadata.name {
-            None => {
-                problems.push(Problem::new(
-                    &display_name,
-                    codes::ZIP_UNSAFE_PATH,
-                    "the entry name is flagged UTF-8 but is not valid UTF-8",
-                ));
-                false
-            }
-            Some(name) => match unsafe_name_reason(name) {
-                Some(reason) => {
-                    problems.push(Problem::new(&display_name, codes::ZIP_UNSAFE_PATH, reason));
-                    false
-                }
-                None => true,
-            },
-        };
+        let name_problem = name_problem(&metadata, &display_name);
+        let name_is_safe = name_problem.is_none();
+        self.problems.extend(name_problem);
 
         let is_dir = display_name.ends_with('/');
         let path = display_name.strip_suffix('/').unwrap_or(&display_name).to_owned();
-        if name_is_safe && !raw_duplicates.contains_key(&metadata.raw_name) {
-            // Names that differ in bytes but decode alike, or `a` next to `a/`,
-            // would land on the same file when extracted.
-            match seen_paths.get_mut(&path) {
-                Some(reported) => {
-                    if !*reported {
-                        problems.push(duplicate_problem(&path));
-                        *reported = true;
-                    }
-                }
-                None => {
-                    seen_paths.insert(path.clone(), false);
-                }
-            }
+        if name_is_safe && !self.raw_duplicates.contains_key(&metadata.raw_name) {
+            self.note_path(&path);
         }
-
-        if metadata.encrypted {
-            problems.push(Problem::new(
-                &display_name,
-                codes::ZIP_CORRUPT,
-                "encrypted entries are not supported",
-            ));
-            continue;
+        if let Some(problem) = attribute_problem(&metadata, &display_name, self.limits) {
+            self.problems.push(problem);
+            return;
         }
-        if (metadata.external_attributes >> 16) & S_IFMT == S_IFLNK {
-            problems.push(Problem::new(&display_name, codes::ZIP_SYMLINK, "symbolic links are not allowed"));
-            continue;
+        if self.inflation_allowed && !self.inflates_within_limits(archive, index, &metadata, &display_name) {
+            return;
         }
-        if metadata.size > limits.max_entry_bytes {
-            problems.push(Problem::new(
-                &display_name,
-                codes::FILE_TOO_LARGE,
-                format!(
-                    "the entry is {} bytes; the limit is {} bytes",
-                    metadata.size, limits.max_entry_bytes
-                ),
-            ));
-            continue;
-        }
-        if exceeds_ratio(metadata.size, metadata.compressed_size, limits) {
-            problems.push(ratio_problem(&display_name, limits));
-            continue;
-        }
-
-        if inflation_allowed {
-            let budget = limits.max_total_uncompressed_bytes.saturating_sub(inflated_total);
-            match inflate_and_count(&mut archive, index, metadata.size, budget) {
-                Ok(Inflated::Exact(bytes)) => {
-                    inflated_total = inflated_total.saturating_add(bytes);
-                    if exceeds_ratio(bytes, metadata.compressed_size, limits) {
-                        problems.push(ratio_problem(&display_name, limits));
-                        continue;
-                    }
-                }
-                Ok(Inflated::LargerThanDeclared) => {
-                    problems.push(Problem::new(
-                        &display_name,
-                        codes::ZIP_BOMB,
-                        "the entry inflates to more bytes than its declared size",
-                    ));
-                    continue;
-                }
-                Ok(Inflated::OverTotalBudget) => {
-                    problems.push(total_too_large(limits));
-                    inflation_allowed = false;
-                    continue;
-                }
-                Err(error) => {
-                    problems.push(Problem::new(
-                        &display_name,
-                        codes::ZIP_CORRUPT,
-                        format!("the entry cannot be read: {error}"),
-                    ));
-                    continue;
-                }
-            }
-        }
-
         if name_is_safe {
-            entries.push(SafeEntry { index, path, is_dir, size: metadata.size });
+            self.entries.push(SafeEntry { index, path, is_dir, size: metadata.size });
         }
     }
-    problems.extend(files_used_as_folders(&entries));
-    Ok((ScannedArchive { archive, entries }, problems))
+
+    /// Names that differ in bytes but decode alike, or `a` next to `a/`, would land on the
+    /// same file when extracted: reported once per path.
+    fn note_path(&mut self, path: &str) {
+        match self.seen_paths.get_mut(path) {
+            Some(reported) => {
+                if !*reported {
+                    self.problems.push(duplicate_problem(path));
+                    *reported = true;
+                }
+            }
+            None => {
+                self.seen_paths.insert(path.to_owned(), false);
+            }
+        }
+    }
+
+    /// Inflates the entry to prove its size; `false` (with the problem recorded) when it is a
+    /// bomb, breaks the total budget or cannot be read.
+    fn inflates_within_limits(
+        &mut self,
+        archive: &mut ZipArchive<File>,
+        index: usize,
+        metadata: &EntryMetadata,
+        display_name: &str,
+    ) -> bool {
+        let budget = self.limits.max_total_uncompressed_bytes.saturating_sub(self.inflated_total);
+        let problem = match inflate_and_count(archive, index, metadata.size, budget) {
+            Ok(Inflated::Exact(bytes)) => {
+                self.inflated_total = self.inflated_total.saturating_add(bytes);
+                if !exceeds_ratio(bytes, metadata.compressed_size, self.limits) {
+                    return true;
+                }
+                ratio_problem(display_name, self.limits)
+            }
+            Ok(Inflated::LargerThanDeclared) => Problem::new(
+                display_name,
+                codes::ZIP_BOMB,
+                "the entry inflates to more bytes than its declared size",
+            ),
+            Ok(Inflated::OverTotalBudget) => {
+                self.inflation_allowed = false;
+                total_too_large(self.limits)
+            }
+            Err(error) => {
+                Problem::new(display_name, codes::ZIP_CORRUPT, format!("the entry cannot be read: {error}"))
+            }
+        };
+        self.problems.push(problem);
+        false
+    }
+}
+
+/// The sum of the sizes the central directory declares.
+fn declared_total(archive: &ZipArchive<File>) -> u64 {
+    (0..archive.len())
+        .filter_map(|index| archive.by_index_data(index).ok())
+        .map(|entry| entry.size())
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Why an entry's name cannot be used as a relative path, if it cannot.
+fn name_problem(metadata: &EntryMetadata, display_name: &str) -> Option<Problem> {
+    match &metadata.name {
+        None => Some(Problem::new(
+            display_name,
+            codes::ZIP_UNSAFE_PATH,
+            "the entry name is flagged UTF-8 but is not valid UTF-8",
+        )),
+        Some(name) => {
+            unsafe_name_reason(name).map(|reason| Problem::new(display_name, codes::ZIP_UNSAFE_PATH, reason))
+        }
+    }
+}
+
+/// What the central directory alone rules out: encryption, symlinks, oversized entries and
+/// declared compression ratios beyond the limit.
+fn attribute_problem(metadata: &EntryMetadata, display_name: &str, limits: &Limits) -> Option<Problem> {
+    if metadata.encrypted {
+        return Some(Problem::new(display_name, codes::ZIP_CORRUPT, "encrypted entries are not supported"));
+    }
+    if (metadata.external_attributes >> 16) & S_IFMT == S_IFLNK {
+        return Some(Problem::new(display_name, codes::ZIP_SYMLINK, "symbolic links are not allowed"));
+    }
+    if metadata.size > limits.max_entry_bytes {
+        return Some(Problem::new(
+            display_name,
+            codes::FILE_TOO_LARGE,
+            format!("the entry is {} bytes; the limit is {} bytes", metadata.size, limits.max_entry_bytes),
+        ));
+    }
+    exceeds_ratio(metadata.size, metadata.compressed_size, limits)
+        .then(|| ratio_problem(display_name, limits))
 }
 
 /// A file `a` next to an entry `a/b` cannot both be extracted.

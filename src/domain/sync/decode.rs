@@ -1,4 +1,4 @@
-//! Wire -> internal model for push and pull, with the validation order of API.md 8.3.
+//! Wire -> internal model for push and pull, with the validation order of docs/api.md §8.3.
 
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
@@ -278,43 +278,11 @@ fn decode_record(
     };
     let mut problems = RecordProblems { base, record_id: None, list: problem_list, found: false };
 
-    // Id: the first present alias.
-    let (id_key, id_value) = keys
-        .id
-        .iter()
-        .find_map(|k| rec.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
-        .unwrap_or((keys.id[0], &Value::Null));
-    let id = match id_value {
-        Value::String(s) if !s.is_empty() && s.chars().count() > MAX_ID_CHARS => {
-            problems.add(id_key, "TOO_LONG", format!("{id_key} is longer than 255 characters"));
-            None
-        }
-        Value::String(s) if s.contains('\0') => {
-            problems.add(id_key, "TYPE_ERROR", format!("{id_key} must not contain NUL characters"));
-            None
-        }
-        Value::String(s) if !s.is_empty() => Some(s.clone()),
-        Value::Null | Value::String(_) => {
-            problems.add(id_key, "REQUIRED", format!("{id_key} is required"));
-            None
-        }
-        _ => {
-            problems.add(id_key, "TYPE_ERROR", format!("{id_key} must be a string"));
-            None
-        }
-    };
+    let id = record_id(rec, keys, &mut problems);
     problems.record_id = id.clone();
-
     let form_type = short_string(rec, keys.form_type, &mut problems);
     let form_version = short_string(rec, keys.form_version, &mut problems);
-    let deleted = match rec.get("deleted") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            problems.add("deleted", "TYPE_ERROR", "deleted must be a boolean".into());
-            false
-        }
-    };
+    let deleted = deleted_flag(rec, &mut problems);
     let data = json_object(rec, "data", &mut problems);
     if data.is_none() && !deleted && rec.get("data").is_none_or(Value::is_null) {
         problems.add("data", "REQUIRED", "data is required unless the record is deleted".into());
@@ -322,28 +290,12 @@ fn decode_record(
     let created_at = timestamp(rec, keys.created_at, &mut problems);
     let updated_at = timestamp(rec, keys.updated_at, &mut problems);
     let geolocation = json_object(rec, "geolocation", &mut problems);
-    let base_version = match rec.get("version") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let parsed = v.as_i64().filter(|n| *n >= 0);
-            if parsed.is_none() {
-                problems.add("version", "TYPE_ERROR", "version must be an integer >= 0".into());
-            }
-            parsed
-        }
-    };
+    let base_version = base_version(rec, &mut problems);
 
-    // 2026 fields (API.md 17.5): optional, and a wrong type is dropped rather than failing the sync.
-    let optional_text =
-        |key: &str| rec.get(key).and_then(Value::as_str).filter(|s| !s.contains('\0')).map(str::to_string);
-    let author = optional_text("author");
-    let device_id = optional_text(keys.device_id);
-    let tags = rec.get("tags").and_then(Value::as_array).and_then(|items| {
-        items
-            .iter()
-            .map(|t| t.as_str().filter(|s| !s.contains('\0')).map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-    });
+    // 2026 fields (docs/api.md §17.5): optional, and a wrong type is dropped rather than failing the sync.
+    let author = optional_text(rec, "author");
+    let device_id = optional_text(rec, keys.device_id);
+    let tags = optional_tags(rec);
 
     if problems.found {
         return None;
@@ -361,6 +313,73 @@ fn decode_record(
         author,
         device_id,
         tags,
+    })
+}
+
+/// The record's id: the first present alias, a non-empty string of at most 255 characters.
+fn record_id(rec: &Map<String, Value>, keys: &RecordKeys, problems: &mut RecordProblems) -> Option<String> {
+    let (id_key, id_value) = keys
+        .id
+        .iter()
+        .find_map(|k| rec.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
+        .unwrap_or((keys.id[0], &Value::Null));
+    match id_value {
+        Value::String(s) if !s.is_empty() && s.chars().count() > MAX_ID_CHARS => {
+            problems.add(id_key, "TOO_LONG", format!("{id_key} is longer than 255 characters"));
+            None
+        }
+        Value::String(s) if s.contains('\0') => {
+            problems.add(id_key, "TYPE_ERROR", format!("{id_key} must not contain NUL characters"));
+            None
+        }
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Null | Value::String(_) => {
+            problems.add(id_key, "REQUIRED", format!("{id_key} is required"));
+            None
+        }
+        _ => {
+            problems.add(id_key, "TYPE_ERROR", format!("{id_key} must be a string"));
+            None
+        }
+    }
+}
+
+fn deleted_flag(rec: &Map<String, Value>, problems: &mut RecordProblems) -> bool {
+    match rec.get("deleted") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            problems.add("deleted", "TYPE_ERROR", "deleted must be a boolean".into());
+            false
+        }
+    }
+}
+
+/// The version the client's change is based on, when it names one.
+fn base_version(rec: &Map<String, Value>, problems: &mut RecordProblems) -> Option<i64> {
+    match rec.get("version") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let parsed = v.as_i64().filter(|n| *n >= 0);
+            if parsed.is_none() {
+                problems.add("version", "TYPE_ERROR", "version must be an integer >= 0".into());
+            }
+            parsed
+        }
+    }
+}
+
+fn optional_text(rec: &Map<String, Value>, key: &str) -> Option<String> {
+    rec.get(key).and_then(Value::as_str).filter(|s| !s.contains('\0')).map(str::to_string)
+}
+
+/// Tags: an array of strings, or nothing at all when any item is not one.
+fn optional_tags(rec: &Map<String, Value>) -> Option<Vec<String>> {
+    rec.get("tags").and_then(Value::as_array).and_then(|items| {
+        items
+            .iter()
+            .map(|t| t.as_str().filter(|s| !s.contains('\0')).map(str::to_string))
+            .collect::<Option<Vec<_>>>()
     })
 }
 
