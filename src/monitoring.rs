@@ -1,4 +1,4 @@
-//! Prometheus metrics (API.md 14): one process-wide recorder and one-line hooks for the places that
+//! Prometheus metrics (docs/api.md §14): one process-wide recorder and one-line hooks for the places that
 //! count things. A leaf: it knows no state and runs no query; the values sampled when `/metrics`
 //! is scraped are read by the metrics handler and set through the gauges here.
 

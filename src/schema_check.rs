@@ -1,4 +1,4 @@
-//! `RECORD_VALIDATION` (API.md 8.4): pushed `data` checked against the JSON Schema of its form.
+//! `RECORD_VALIDATION` (docs/api.md §8.4): pushed `data` checked against the JSON Schema of its form.
 //! Compiled validators are cached for a few seconds so the push hot path rarely touches the
 //! database for them; a newly registered spec or a bundle switch takes effect within the TTL.
 

@@ -1,5 +1,5 @@
 //! The app factory, used by `main` and by the tests: database, migrations, bootstrap, actors,
-//! then the HTTP listener (API.md section 2, "Startup order").
+//! then the HTTP listener (docs/api.md §2, "Startup order").
 
 use std::net::TcpListener;
 use std::sync::atomic::AtomicBool;
@@ -36,7 +36,7 @@ pub struct Application {
     metrics: Option<(Server, u16)>,
 }
 
-/// `/metrics` alone, without authentication, on its own port (API.md 14).
+/// `/metrics` alone, without authentication, on its own port (docs/api.md §14).
 fn metrics_server(config: &Config, port: u16, state: web::Data<AppState>) -> anyhow::Result<(Server, u16)> {
     let listener = TcpListener::bind((config.bind_address, port))
         .with_context(|| format!("METRICS_PORT: cannot listen on {}:{port}", config.bind_address))?;

@@ -5,7 +5,7 @@
     python3 tests/export_check.py EXPORT.zip [more.zip ...]
 
 Every `.parquet` entry must open in pyarrow and duckdb with the fixed columns of
-API.md 13.2 first; every `.csv` entry must parse in duckdb with the same header.
+docs/api.md §13.2 first; every `.csv` entry must parse in duckdb with the same header.
 """
 import io
 import os

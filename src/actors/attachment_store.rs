@@ -156,7 +156,7 @@ impl AttachmentStoreHandle {
     }
 
     /// Empties the repository (through the change log) and then deletes every attachment file,
-    /// with no upload or resize running in between (API.md 17.3).
+    /// with no upload or resize running in between (docs/api.md §17.3).
     pub async fn reset_repository(&self) -> ApiResult<Head> {
         super::ask(&self.0, "attachment store", ResetRepository).await
     }
@@ -232,7 +232,7 @@ pub fn sweep_temp(tmp: &Path, age: Duration) -> usize {
     removed
 }
 
-/// Moves a staged upload into place and records it (API.md 10.2).
+/// Moves a staged upload into place and records it (docs/api.md §10.2).
 #[derive(Message)]
 #[rtype(result = "ApiResult<AttachmentCommit>")]
 pub struct Store {

@@ -1,5 +1,5 @@
-//! The `ChangeLog` actor owns change_id allocation and commit order (ARCHITECTURE.md, "the change
-//! log"). Pushes queue in its mailbox; every push waiting while a commit runs joins the next group
+//! The `ChangeLog` actor owns change_id allocation and commit order (docs/architecture.md, "The
+//! change log"). Pushes queue in its mailbox; every push waiting while a commit runs joins the next group
 //! commit: one transaction, under one advisory lock, that assigns change_ids in order, writes
 //! records, revisions and transmission results, moves the head, commits, then answers each sender.
 
@@ -56,7 +56,7 @@ pub struct AttachmentCommit {
     pub created: bool,
 }
 
-/// Empties the repository and raises its generation (API.md 17.3), ordered with every commit.
+/// Empties the repository and raises its generation (docs/api.md §17.3), ordered with every commit.
 struct ResetRepository;
 
 impl Message for ResetRepository {

@@ -1,4 +1,4 @@
-//! The `Presence` actor owns what the server knows about devices (API.md 17.4). Requests report
+//! The `Presence` actor owns what the server knows about devices (docs/api.md §17.4). Requests report
 //! sightings with `try_send` (a full mailbox drops a heartbeat, never blocks a request); the actor
 //! folds them in memory and writes dirty devices in one batched upsert per second. Plain
 //! sightings are throttled to one write per device per 30 s; sync events (which carry the cursor)

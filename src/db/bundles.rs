@@ -1,4 +1,4 @@
-//! SQL for app bundle versions and the active pointer (API.md 9.3), plus the LISTEN connection
+//! SQL for app bundle versions and the active pointer (docs/api.md §9.3), plus the LISTEN connection
 //! that tells every process about a switch.
 
 use chrono::{DateTime, Utc};
@@ -127,7 +127,7 @@ pub async fn set_active(db: &impl GenericClient, version: &str) -> DbResult<i64>
     Ok(generation)
 }
 
-/// Versions retention removes (API.md 9.3): while more than `keep` exist, the oldest that is
+/// Versions retention removes (docs/api.md §9.3): while more than `keep` exist, the oldest that is
 /// neither active nor `just_uploaded`. Call under the bundle lock.
 pub async fn retention_victims(
     db: &impl GenericClient,

@@ -1,4 +1,4 @@
-//! SQL for exports and observation statistics (API.md 13, 17.8). Exports read `records` inside one
+//! SQL for exports and observation statistics (docs/api.md §13, 17.8). Exports read `records` inside one
 //! REPEATABLE READ snapshot through server-side portals, so memory never depends on the row count.
 
 use chrono::{DateTime, Utc};

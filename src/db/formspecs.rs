@@ -1,4 +1,4 @@
-//! SQL for form specifications (API.md 11) and the forms each activated bundle carried.
+//! SQL for form specifications (docs/api.md §11) and the forms each activated bundle carried.
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
@@ -61,7 +61,7 @@ fn summary_from_row(row: &Row) -> FormSpecSummary {
 
 /// Stores a spec unless its (formType, version) exists. Only the `BundleStore` calls this (and
 /// `register_bundle_forms`): it is the one writer of `form_specs`, under the bundle lock. Content is compared as jsonb, which
-/// ignores key order and formatting: the canonical-JSON comparison of API.md 11.1.
+/// ignores key order and formatting: the canonical-JSON comparison of docs/api.md §11.1.
 pub async fn register(
     db: &impl GenericClient,
     form_type: &str,
@@ -86,7 +86,7 @@ pub async fn register(
     Ok(if row.get::<_, bool>("same") { Registration::Identical(spec) } else { Registration::Conflict(spec) })
 }
 
-/// Registers the forms of a bundle version that becomes active (API.md 11.2) and remembers
+/// Registers the forms of a bundle version that becomes active (docs/api.md §11.2) and remembers
 /// them for the record-validation fallback. Returns the `FORMSPEC_CONFLICT` warnings.
 pub async fn register_bundle_forms(
     db: &impl GenericClient,
@@ -149,7 +149,7 @@ pub async fn get(db: &impl GenericClient, form_type: &str, version: &str) -> DbR
     Ok(db.query_opt(&sql, &[&form_type, &version]).await?.map(|row| spec_from_row(&row)))
 }
 
-/// The JSON Schema to check a record of (form type, form version) against (API.md 8.4): the
+/// The JSON Schema to check a record of (form type, form version) against (docs/api.md §8.4): the
 /// spec registered for exactly that pair, else the schema the active bundle carries for that
 /// form type, else `None` (the check is skipped).
 pub async fn spec_for(

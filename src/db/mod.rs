@@ -62,7 +62,7 @@ pub fn create_pool(conn: &str, max_size: usize) -> anyhow::Result<Pool> {
     Ok(pool)
 }
 
-/// Waits for the database to answer: 5 s per attempt, for up to 60 s (API.md section 2).
+/// Waits for the database to answer: 5 s per attempt, for up to 60 s (docs/api.md §2).
 pub async fn wait_until_reachable(pool: &Pool) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {

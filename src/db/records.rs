@@ -39,7 +39,7 @@ fn record_from_row(row: &Row, offset: usize) -> StoredRecord {
 }
 
 /// One pull page: the snapshot head S, the repository generation, and up to `limit + 1` records
-/// with `after < change_id <= S`, read by one statement so all come from one snapshot (API.md 8.2).
+/// with `after < change_id <= S`, read by one statement so all come from one snapshot (docs/api.md §8.2).
 pub async fn pull_page(
     db: &impl GenericClient,
     after: i64,
@@ -113,7 +113,7 @@ pub async fn head_and_generation(db: &impl GenericClient) -> DbResult<Head> {
     Ok(Head { change_id: row.get(0), repository_generation: row.get(1) })
 }
 
-/// Empties the repository in the caller's transaction (API.md 17.3): observations, their history,
+/// Empties the repository in the caller's transaction (docs/api.md §17.3): observations, their history,
 /// transmission results and attachment records go; the change sequence continues; the generation
 /// rises. Returns the new head state.
 pub async fn reset_repository(db: &impl GenericClient) -> DbResult<Head> {
@@ -146,7 +146,7 @@ pub async fn purge_transmissions(db: &impl GenericClient, retention_days: u32) -
         .await?)
 }
 
-// ---- read access (API.md 12) ----
+// ---- read access (docs/api.md §12) ----
 
 /// A record with its owner, for `/observations`.
 pub struct OwnedRecord {
@@ -201,7 +201,7 @@ pub async fn find_observation(db: &impl GenericClient, id: &str) -> DbResult<Opt
         .map(|r| OwnedRecord { record: record_from_row(&r, 0), created_by: r.get(13) }))
 }
 
-/// One stored revision with its provenance (API.md 12.3).
+/// One stored revision with its provenance (docs/api.md §12.3).
 pub struct Revision {
     pub record: StoredRecord,
     pub client_id: String,

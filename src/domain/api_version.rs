@@ -1,4 +1,4 @@
-//! `x-api-version` and `x-ode-version` header parsing (API.md 1.2 and 17.1).
+//! `x-api-version` and `x-ode-version` header parsing (docs/api.md §1.2 and 17.1).
 
 /// The negotiated API version: 1.0 selects the synkronus shapes for body-less requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

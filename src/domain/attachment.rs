@@ -1,4 +1,4 @@
-//! Attachment rules (API.md 10 and 17.7): ids, content types, ranges, conditional requests,
+//! Attachment rules (docs/api.md §10 and 17.7): ids, content types, ranges, conditional requests,
 //! image qualities and the headers and URLs built from an id.
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -104,7 +104,7 @@ fn opaque(tag: &str) -> &str {
     tag.trim().trim_start_matches("W/")
 }
 
-/// `If-None-Match`: a list of tags or `*`, compared weakly (API.md 1.6).
+/// `If-None-Match`: a list of tags or `*`, compared weakly (docs/api.md §1.6).
 pub fn none_match(header: Option<&str>, etag: &str) -> bool {
     header.is_some_and(|h| h.split(',').any(|t| t.trim() == "*" || opaque(t) == opaque(etag)))
 }

@@ -1,12 +1,12 @@
-//! Form specification rules (API.md 11): identifiers, content checks, and the version a
+//! Form specification rules (docs/api.md §11): identifiers, content checks, and the version a
 //! bundle's form is registered under.
 
 use serde_json::Value;
 
-/// `schema` and `uischema` may each be at most this large, serialised (API.md 11.1).
+/// `schema` and `uischema` may each be at most this large, serialised (docs/api.md §11.1).
 pub const MAX_PART_BYTES: usize = 1024 * 1024;
 
-/// `formType` and `version`: 1 to 255 characters without `/` (API.md 11.1).
+/// `formType` and `version`: 1 to 255 characters without `/` (docs/api.md §11.1).
 pub fn is_valid_identifier(text: &str) -> bool {
     let chars = text.chars().count();
     (1..=255).contains(&chars) && !text.contains('/')
@@ -20,7 +20,7 @@ pub struct ContentProblem {
     pub message: String,
 }
 
-/// Checks `schema` and `uischema` (API.md 11.1: objects, at most 1 MiB, schema compiles as
+/// Checks `schema` and `uischema` (docs/api.md §11.1: objects, at most 1 MiB, schema compiles as
 /// draft-07). All problems are returned together.
 pub fn check_content(schema: &Value, uischema: &Value) -> Vec<ContentProblem> {
     let mut problems = Vec::new();
@@ -54,7 +54,7 @@ pub fn check_content(schema: &Value, uischema: &Value) -> Vec<ContentProblem> {
     problems
 }
 
-/// The version a bundle's form is registered under (API.md 11.2): the schema's top-level
+/// The version a bundle's form is registered under (docs/api.md §11.2): the schema's top-level
 /// string `version` when it is a valid identifier, otherwise the bundle version id.
 pub fn bundle_form_version(schema: &Value, bundle_version: &str) -> String {
     match schema.get("version") {

@@ -1,4 +1,4 @@
-//! MIME types by file extension (API.md 9.5). Bundle downloads and attachment
+//! MIME types by file extension (docs/api.md §9.5). Bundle downloads and attachment
 //! type guessing share this one table so both report the same type for a path.
 
 /// The MIME type for `path`, chosen by its extension (case-insensitive).

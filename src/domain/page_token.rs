@@ -1,4 +1,4 @@
-//! Opaque, URL-safe page tokens (API.md 1.5). They carry the cursor and the filter of the listing
+//! Opaque, URL-safe page tokens (docs/api.md §1.5). They carry the cursor and the filter of the listing
 //! that produced them, never expire, and are refused when they belong to another endpoint.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -1,4 +1,4 @@
-//! Roles: `read-only` ⊂ `read-write` ⊂ `admin` (API.md section 3).
+//! Roles: `read-only` ⊂ `read-write` ⊂ `admin` (docs/api.md §3).
 
 use std::fmt;
 

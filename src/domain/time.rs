@@ -1,4 +1,4 @@
-//! Timestamps on the wire (API.md 1.4): RFC 3339 in, UTC `Z` with trimmed microseconds out.
+//! Timestamps on the wire (docs/api.md §1.4): RFC 3339 in, UTC `Z` with trimmed microseconds out.
 
 use chrono::{DateTime, SecondsFormat, Timelike, Utc};
 

@@ -1,4 +1,4 @@
-//! User field rules (API.md 7.1).
+//! User field rules (docs/api.md §7.1).
 
 /// The account the server ships with when `ADMIN_USERNAME` and `ADMIN_PASSWORD` are left unset.
 /// While it still signs in with this password the server says so: once per start in its log, and

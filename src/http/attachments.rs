@@ -1,4 +1,4 @@
-//! Attachments (API.md 10 and 17.7): uploads are staged here and handed to the AttachmentStore
+//! Attachments (docs/api.md §10 and 17.7): uploads are staged here and handed to the AttachmentStore
 //! actor; downloads, manifests and the ZIP export read the pool and the blob store directly.
 
 use std::path::{Path, PathBuf};
@@ -265,7 +265,7 @@ async fn variant(
     Ok(made.map(|p| (p, quality)))
 }
 
-/// Streams `path` with conditional and range handling (API.md 10.3); memory stays flat.
+/// Streams `path` with conditional and range handling (docs/api.md §10.3); memory stays flat.
 async fn serve_file(
     req: &HttpRequest,
     path: &Path,
@@ -424,7 +424,7 @@ pub async fn manifest_post(
     }))
 }
 
-/// The externally visible base URL (API.md 10.6): PUBLIC_URL, else the forwarding headers of a
+/// The externally visible base URL (docs/api.md §10.6): PUBLIC_URL, else the forwarding headers of a
 /// trusted proxy, else the request's own scheme and Host.
 fn public_base(req: &HttpRequest, st: &AppState) -> String {
     if let Some(url) = &st.config.public_url {

@@ -1,4 +1,4 @@
-//! Login, refresh, logout, me, verify (API.md 6).
+//! Login, refresh, logout, me, verify (docs/api.md §6).
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::Duration as ChronoDuration;

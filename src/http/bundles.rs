@@ -1,4 +1,4 @@
-//! App bundles (API.md 9 and 17.6): uploads and switches go to the `BundleStore` actor; reads
+//! App bundles (docs/api.md §9 and 17.6): uploads and switches go to the `BundleStore` actor; reads
 //! resolve one version through it, then serve only from that version's immutable folder.
 
 use std::collections::HashMap;
@@ -34,7 +34,7 @@ use crate::state::AppState;
 const MULTIPART_OVERHEAD: u64 = 64 * 1024;
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 
-/// Whether `If-None-Match` matches the strong tag `"<hex>"` (API.md 1.6: a list, `*`, and
+/// Whether `If-None-Match` matches the strong tag `"<hex>"` (docs/api.md §1.6: a list, `*`, and
 /// `W/` tags compared weakly).
 pub fn if_none_match(req: &HttpRequest, hex: &str) -> bool {
     req.headers().get_all(header::IF_NONE_MATCH).filter_map(|value| value.to_str().ok()).any(|value| {
@@ -60,7 +60,7 @@ fn is_true(value: Option<&str>) -> bool {
     value.is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
-/// A version id from input, without the 1.0 list's active marker (API.md 9.3).
+/// A version id from input, without the 1.0 list's active marker (docs/api.md §9.3).
 fn version_param(raw: &str) -> String {
     strip_active_marker(raw).to_owned()
 }
@@ -301,7 +301,7 @@ pub async fn manifest(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     let info = resolve(st, Target::Active).await?;
-    // Presence (API.md 17.4): the bundle version this device was told about.
+    // Presence (docs/api.md §17.4): the bundle version this device was told about.
     st.actors.presence.seen(crate::actors::presence::Seen {
         username: caller.username.clone(),
         client_id: crate::http::extract::header_client_id(&req).unwrap_or_default(),
@@ -321,7 +321,7 @@ pub async fn manifest(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
         .body(info.manifest_body.clone()))
 }
 
-/// A download path after decoding (API.md 9.4): relative, no `.`/`..` segment, no backslash or NUL.
+/// A download path after decoding (docs/api.md §9.4): relative, no `.`/`..` segment, no backslash or NUL.
 fn check_download_path(path: &str) -> ApiResult<()> {
     let bad = |why: &str| Err(ApiError::bad_request(format!("Invalid file path: {why}")).with_path("path"));
     if path.is_empty() {

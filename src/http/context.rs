@@ -84,7 +84,7 @@ pub async fn request_context(
 }
 
 /// Error responses that did not come from the error table (actix's own: CORS refusals, extractor
-/// and routing errors) get the standard error body, so every error has the one shape of API.md 4.
+/// and routing errors) get the standard error body, so every error has the one shape of docs/api.md §4.
 async fn uniform_error_body(res: ServiceResponse<BoxBody>) -> ServiceResponse<BoxBody> {
     let status = res.status();
     let is_problem = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v == "application/problem+json");
@@ -149,7 +149,7 @@ fn with_idle_timeout(payload: Payload, idle: Duration) -> Payload {
     Payload::from(boxed)
 }
 
-/// `x-ode-version` of another major, or garbage, is refused before authentication (API.md 17.1).
+/// `x-ode-version` of another major, or garbage, is refused before authentication (docs/api.md §17.1).
 fn client_version_gate(req: &ServiceRequest) -> Result<(), ApiError> {
     match header_str(req, "x-ode-version") {
         None => Ok(()),

@@ -1,4 +1,4 @@
-//! CORS as API.md 1.6 lists it; preflights are answered before authentication.
+//! CORS as docs/api.md §1.6 lists it; preflights are answered before authentication.
 
 use actix_cors::Cors;
 use actix_web::http::{header, Method};

@@ -1,4 +1,4 @@
-//! Exports and observation statistics (API.md 13, 17.8). The work is done by the `ExportJobs`
+//! Exports and observation statistics (docs/api.md §13, 17.8). The work is done by the `ExportJobs`
 //! actor; these handlers parse, authorize, ask it, and shape the response.
 
 use actix_web::http::{header, Method};

@@ -33,7 +33,7 @@ impl FromRequest for Auth {
         Box::pin(async move {
             let user = authenticate(&req).await?;
             let state = state(&req)?;
-            // HEAD is exempt (API.md 15); OPTIONS preflights never reach an extractor.
+            // HEAD is exempt (docs/api.md §15); OPTIONS preflights never reach an extractor.
             if req.method() != actix_web::http::Method::HEAD && !state.user_limiter.try_take(user.id) {
                 crate::monitoring::rate_limited("user");
                 return Err(ApiError::rate_limited(1));
@@ -70,7 +70,7 @@ pub fn client_version_hint(req: &HttpRequest) -> Option<String> {
         .map(|v| v.trim().chars().take(64).collect())
 }
 
-/// Every authenticated request is a sighting of its device (API.md 17.4). Sync routes name the
+/// Every authenticated request is a sighting of its device (docs/api.md §17.4). Sync routes name the
 /// device in their body, so without the header they report it themselves, with the cursor.
 fn record_sighting(req: &HttpRequest, state: &AppState, username: &str) {
     let client_id = match header_client_id(req) {
@@ -95,7 +95,7 @@ fn carries_body_client_id(req: &HttpRequest) -> bool {
             || path.ends_with("/attachments/manifest"))
 }
 
-/// A JSON request body, parsed whatever the Content-Type says (API.md 1.3). An empty body is
+/// A JSON request body, parsed whatever the Content-Type says (docs/api.md §1.3). An empty body is
 /// `Value::Null`; size and nesting limits give 413 and 400.
 pub struct JsonBody(pub Value);
 
@@ -132,7 +132,7 @@ fn too_large(limit: usize) -> ApiError {
     ApiError::new(ErrorCode::PayloadTooLarge, format!("Request body exceeds {limit} bytes"))
 }
 
-/// Nesting API.md 1.3 accepts; serde_json's built-in limit stops one level short of it.
+/// Nesting docs/api.md §1.3 accepts; serde_json's built-in limit stops one level short of it.
 const MAX_JSON_DEPTH: usize = 128;
 
 /// Parses JSON, refusing nesting deeper than `MAX_JSON_DEPTH` with a 400.

@@ -1,4 +1,4 @@
-//! Form specifications (API.md 11.1).
+//! Form specifications (docs/api.md §11.1).
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::Value;

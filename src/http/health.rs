@@ -1,4 +1,4 @@
-//! Service descriptor, health, readiness, version and status (API.md 5).
+//! Service descriptor, health, readiness, version and status (docs/api.md §5).
 
 use std::time::Duration;
 

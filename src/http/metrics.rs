@@ -1,4 +1,4 @@
-//! `GET /metrics` (API.md 14) and the middleware that counts and times every request.
+//! `GET /metrics` (docs/api.md §14) and the middleware that counts and times every request.
 
 use std::time::{Duration, Instant};
 

@@ -21,7 +21,7 @@ pub mod wire;
 
 use actix_web::web;
 
-/// Every route of the API (API.md), registered once per prefix by `configure`.
+/// Every route of the API (docs/api.md), registered once per prefix by `configure`.
 fn api_routes(cfg: &mut web::ServiceConfig) {
     health::routes(cfg);
     auth::routes(cfg);

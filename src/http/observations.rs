@@ -1,4 +1,4 @@
-//! Read access to observations (API.md 12).
+//! Read access to observations (docs/api.md §12).
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! The admin portal (API.md 17.9): static HTML, JavaScript modules and CSS compiled into the
+//! The admin portal (docs/api.md §17.9): static HTML, JavaScript modules and CSS compiled into the
 //! binary and served at `/portal/`. The portal talks only to the public API with the signed-in
 //! user's own token, so these handlers need no authentication and touch no state but the config.
 
@@ -146,7 +146,7 @@ pub fn prefers_html(accept: &str) -> bool {
     }
 }
 
-/// The 303 that `GET /` sends to browsers (API.md 17.9).
+/// The 303 that `GET /` sends to browsers (docs/api.md §17.9).
 pub fn redirect_to_portal(req: &HttpRequest) -> Option<HttpResponse> {
     let accept = req.headers().get(header::ACCEPT)?.to_str().ok()?;
     prefers_html(accept).then(|| {

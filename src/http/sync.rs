@@ -1,4 +1,4 @@
-//! Push and pull (API.md 8): decode the dialect, authorize, hand pushes to the ChangeLog actor,
+//! Push and pull (docs/api.md §8): decode the dialect, authorize, hand pushes to the ChangeLog actor,
 //! read pull pages straight from the pool.
 
 use actix_web::http::header::{HeaderName, HeaderValue};
@@ -20,7 +20,7 @@ use crate::state::AppState;
 static X_IDEMPOTENT_REPLAY: HeaderName = HeaderName::from_static("x-idempotent-replay");
 pub static X_REPOSITORY_GENERATION: HeaderName = HeaderName::from_static("x-repository-generation");
 
-/// The repository generation a client holds (API.md 17.2): the header, or when it is absent the
+/// The repository generation a client holds (docs/api.md §17.2): the header, or when it is absent the
 /// body field. A header that is present but not an integer >= 1 counts as not sent.
 pub fn client_generation(req: &HttpRequest, body: &Value) -> Option<i64> {
     match req.headers().get(&X_REPOSITORY_GENERATION) {
@@ -29,7 +29,7 @@ pub fn client_generation(req: &HttpRequest, body: &Value) -> Option<i64> {
     }
 }
 
-/// The server's repository generation, or 409 when the client holds another one (API.md 17.2).
+/// The server's repository generation, or 409 when the client holds another one (docs/api.md §17.2).
 pub async fn current_generation(
     db: &impl deadpool_postgres::GenericClient,
     req: &HttpRequest,

@@ -1,4 +1,4 @@
-//! Users (API.md 7) and the user JSON object shared with auth responses.
+//! Users (docs/api.md §7) and the user JSON object shared with auth responses.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use uuid::Uuid;

@@ -1,4 +1,4 @@
-//! Request ids (API.md 1.6): echoed when well-formed, generated otherwise, visible to error bodies
+//! Request ids (docs/api.md §1.6): echoed when well-formed, generated otherwise, visible to error bodies
 //! and log lines through a task-local for the duration of the request.
 
 use uuid::Uuid;

@@ -1,4 +1,4 @@
-//! Attachments (API.md 10, 16 G7, 17.7): uploads, immutability, races, interrupted uploads,
+//! Attachments (docs/api.md §10, 16 G7, 17.7): uploads, immutability, races, interrupted uploads,
 //! downloads with ranges and image variants, both manifests and the ZIP export.
 
 use std::time::Duration;
@@ -773,7 +773,7 @@ async fn export_zip_holds_every_attachment() {
 }
 
 /// A repository reset and an upload that commits around it: the upload's row and its file live
-/// or go together (API.md 17.3). The test stalls the reset's commit inside the database (a lock
+/// or go together (docs/api.md §17.3). The test stalls the reset's commit inside the database (a lock
 /// on a table only the reset writes), starts an upload while it waits, and lets the reset go only
 /// once the upload has stored its file or has been held back. A store that deletes files after
 /// the reset without ordering it with uploads fails this every time: the upload's file is gone

@@ -1,4 +1,4 @@
-//! Authentication (API.md 6): login, refresh with rotation and reuse detection, logout, me, verify,
+//! Authentication (docs/api.md §6): login, refresh with rotation and reuse detection, logout, me, verify,
 //! the JWT itself, the 401 codes, revocation and the login rate limit.
 
 use std::time::{Duration, Instant};
@@ -57,7 +57,7 @@ async fn refused_within(app: &TestApp, token: &str, limit: Duration) -> Value {
     }
 }
 
-/// Checks the login/refresh response shape of API.md 6.2 and returns it.
+/// Checks the login/refresh response shape of docs/api.md §6.2 and returns it.
 fn assert_token_response(body: &Value, username: &str, role: &str, ttl: i64) {
     let token = body["token"].as_str().expect("token");
     assert_eq!(body["expires_in"], ttl);

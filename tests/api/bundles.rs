@@ -1,4 +1,4 @@
-//! App bundles (API.md 9, 17.6) through HTTP: uploads, validation, switches, downloads,
+//! App bundles (docs/api.md §9, 17.6) through HTTP: uploads, validation, switches, downloads,
 //! retention, ETags across restarts, several processes, and downloads during switches.
 
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! The 2026 clients' additions (API.md 17): version gate, repository generation, reset, presence.
+//! The 2026 clients' additions (docs/api.md §17): version gate, repository generation, reset, presence.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};

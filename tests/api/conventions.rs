@@ -1,4 +1,4 @@
-//! API.md 1 and 4: paths and prefixes, methods, bodies, common headers, CORS, version negotiation,
+//! docs/api.md §1 and 4: paths and prefixes, methods, bodies, common headers, CORS, version negotiation,
 //! the client-version gate and the one error body.
 
 use reqwest::header::{HeaderMap, CONTENT_TYPE};

@@ -1,4 +1,4 @@
-//! Exports (API.md 13) and observation statistics (17.8). Records are inserted straight into
+//! Exports (docs/api.md §13) and observation statistics (17.8). Records are inserted straight into
 //! `records` (and `change_head` bumped) so these tests do not depend on the sync engine.
 
 use std::io::{Cursor, Read};

@@ -1,4 +1,4 @@
-//! Form specifications (API.md 11): the routes, registration from bundle activation, and the
+//! Form specifications (docs/api.md §11): the routes, registration from bundle activation, and the
 //! record-validation lookup of 8.4.
 
 use reqwest::{Method, StatusCode};

@@ -1,4 +1,4 @@
-//! Health and information (API.md 5), including the 503 while the database is unreachable and the
+//! Health and information (docs/api.md §5), including the 503 while the database is unreachable and the
 //! recovery afterwards.
 
 use std::time::{Duration, Instant};

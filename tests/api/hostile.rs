@@ -24,7 +24,7 @@ impl RawResponse {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }
 
-    /// A 4xx with the standard error body (API.md 4).
+    /// A 4xx with the standard error body (docs/api.md §4).
     fn assert_problem(&self, what: &str) {
         let body = self.json();
         assert!((400..500).contains(&self.status), "{what}: {} {body}", self.status);
@@ -140,7 +140,7 @@ async fn traversal_and_nul_in_every_path_parameter_are_4xx() {
             let res = raw_request(&app, method, &target, &admin, body.as_bytes()).await;
             let what = format!("{method} {target}");
             if *param == "%2500" && res.status < 300 {
-                // Decoded exactly once, this is the harmless literal id "%00" (API.md 1.4).
+                // Decoded exactly once, this is the harmless literal id "%00" (docs/api.md §1.4).
                 assert_eq!(res.json()["attachment_id"], "%00", "{what}");
                 continue;
             }
@@ -196,7 +196,7 @@ async fn integers_out_of_range_are_400() {
         res.assert_problem(&body);
         assert_eq!(res.status, 422, "{body}");
     }
-    // Limits are clamped (API.md 1.5) in bodies, but text that is no integer at all is a 400.
+    // Limits are clamped (docs/api.md §1.5) in bodies, but text that is no integer at all is a 400.
     for n in ["abc", "1.5", "99999999999999999999999999", "-99999999999999999999", "%00", "1e3"] {
         for target in [
             format!("/sync/pull?client_id=c&limit={n}"),
@@ -233,7 +233,7 @@ async fn invalid_utf8_and_nul_bytes_in_bodies_are_4xx() {
             res.assert_problem(&format!("{route} {}", String::from_utf8_lossy(body)));
         }
     }
-    // Nesting far beyond the 128 levels API.md 1.3 allows, in every JSON route.
+    // Nesting far beyond the 128 levels docs/api.md §1.3 allows, in every JSON route.
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
     let deep_in_data = format!(
         r#"{{"client_id":"c","transmission_id":"deep","records":[{{"observation_id":"o","data":{{"x":{deep}}}}}]}}"#

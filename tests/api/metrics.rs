@@ -1,4 +1,4 @@
-//! `/metrics` (API.md 14) and the per-user request rate (API.md 15).
+//! `/metrics` (docs/api.md §14) and the per-user request rate (docs/api.md §15).
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};

@@ -1,4 +1,4 @@
-//! The OpenAPI document (API.md 5): served as JSON and YAML, valid OpenAPI 3.0, and describing
+//! The OpenAPI document (docs/api.md §5): served as JSON and YAML, valid OpenAPI 3.0, and describing
 //! every route the routers register (read from the `routes()` functions' source).
 
 use reqwest::{Method, StatusCode};

@@ -1,4 +1,4 @@
-//! The admin portal's static files and the browser redirect of `GET /` (API.md 17.9). The portal
+//! The admin portal's static files and the browser redirect of `GET /` (docs/api.md §17.9). The portal
 //! itself is exercised in a real browser by portal-tests/ (make test).
 
 use reqwest::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LOCATION};

@@ -1,4 +1,4 @@
-//! Graceful degradation and shutdown (API.md 2 and 16): the database server stopped and started
+//! Graceful degradation and shutdown (docs/api.md §2 and 16): the database server stopped and started
 //! under a running server, SIGTERM during a push storm, and logs without secrets.
 
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! Statistics at any size (API.md 17.8, 18.4): the kept counts equal a full count after any mix
+//! Statistics at any size (docs/api.md §17.8, 18.4): the kept counts equal a full count after any mix
 //! of creates, updates that change form type or creation date, deletions, undeletions,
 //! attachments and repository resets, including pushes committed together in one group commit.
 

@@ -1,4 +1,4 @@
-//! Sync engine: push, pull, dialects, idempotency and the no-skip guarantee (API.md 8, 16).
+//! Sync engine: push, pull, dialects, idempotency and the no-skip guarantee (docs/api.md §8, 16).
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -1,4 +1,4 @@
-//! Users (API.md 7): every route and alias, field rules, role enforcement, the last admin and the
+//! Users (docs/api.md §7): every route and alias, field rules, role enforcement, the last admin and the
 //! initial admin.
 
 use reqwest::{Method, StatusCode};
@@ -14,7 +14,7 @@ fn assert_user_object(u: &Value, username: &str, role: &str) {
     let keys: Vec<&str> = u.as_object().expect("user object").keys().map(String::as_str).collect();
     let mut sorted = keys.clone();
     sorted.sort_unstable();
-    // `GET /users` items also carry `presence` (API.md 17.4).
+    // `GET /users` items also carry `presence` (docs/api.md §17.4).
     sorted.retain(|k| *k != "presence");
     assert_eq!(sorted, ["createdAt", "created_at", "email", "id", "last_login", "role", "roles", "username"]);
     uuid::Uuid::parse_str(u["id"].as_str().expect("id")).expect("UUID id");

@@ -1,4 +1,4 @@
-//! `GET /app-bundle/changes` (API.md 9.4): a file-level and a form-level
+//! `GET /app-bundle/changes` (docs/api.md §9.4): a file-level and a form-level
 //! comparison of two versions in one object.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,7 +62,7 @@ pub struct FormFilePaths {
 
 /// Groups the form files of a version's file list by form type. The forms
 /// root is `app/forms/` when any `app/forms/<type>/` holds a form file (the
-/// app-forms layout), else `forms/` (API.md 9.1).
+/// app-forms layout), else `forms/` (docs/api.md §9.1).
 pub fn form_file_paths<'a>(paths: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, FormFilePaths> {
     let mut by_root: BTreeMap<&str, BTreeMap<String, FormFilePaths>> = BTreeMap::new();
     for path in paths {
@@ -90,7 +90,7 @@ fn read_json_or_null(version_dir: &Path, path: Option<&str>) -> io::Result<Value
     serde_json::from_slice(&bytes).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
 }
 
-/// The `GET /app-bundle/changes` body, keys as in API.md 9.4.
+/// The `GET /app-bundle/changes` body, keys as in docs/api.md §9.4.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BundleChanges {
     pub current_version: String,

@@ -1,5 +1,5 @@
 //! Step 4: form folders (`<root>/<type>/schema.json` + `ui.json`), `ext.json`
-//! and renderer references (API.md 9.2).
+//! and renderer references (docs/api.md §9.2).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;

@@ -1,4 +1,4 @@
-//! Archive entry names: decoding and the safety rules of API.md 9.2 (`ZIP_UNSAFE_PATH`).
+//! Archive entry names: decoding and the safety rules of docs/api.md §9.2 (`ZIP_UNSAFE_PATH`).
 
 /// General-purpose flag bit 11: the name is UTF-8.
 const UTF8_NAME_FLAG: u16 = 1 << 11;
@@ -48,7 +48,7 @@ fn has_drive_prefix(name: &str) -> bool {
     bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':'
 }
 
-/// Checks a manifest `entryPoint`: relative and without `..` (API.md 9.2 step 2).
+/// Checks a manifest `entryPoint`: relative and without `..` (docs/api.md §9.2 step 2).
 pub(super) fn entry_point_is_acceptable(entry_point: &str) -> bool {
     !entry_point.starts_with('/')
         && !entry_point.starts_with('\\')

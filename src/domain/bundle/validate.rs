@@ -1,4 +1,4 @@
-//! The validation pipeline of API.md 9.2: structure, manifest, entry point,
+//! The validation pipeline of docs/api.md §9.2: structure, manifest, entry point,
 //! forms, in that order, stopping after the first step with problems.
 
 use std::collections::BTreeMap;
@@ -16,7 +16,7 @@ use super::paths::entry_point_is_acceptable;
 use super::structure::{scan_archive, SafeEntry};
 use super::{codes, steps, BundleFile, BundleRejection, DeclaredManifest, Limits, Problem, ValidatedBundle};
 
-/// Validates the ZIP at `zip_path` (API.md 9.2 steps 1 to 4).
+/// Validates the ZIP at `zip_path` (docs/api.md §9.2 steps 1 to 4).
 pub fn validate_zip(zip_path: &Path, limits: &Limits) -> Result<ValidatedBundle, BundleRejection> {
     let reject = |step, problems| BundleRejection { step, problems };
 
@@ -68,7 +68,7 @@ pub fn validate_zip(zip_path: &Path, limits: &Limits) -> Result<ValidatedBundle,
     )
     .map_err(|problems| reject(steps::FORMS, problems))?;
 
-    // BTreeMap iteration is byte order of the paths, as API.md 9.4 requires.
+    // BTreeMap iteration is byte order of the paths, as docs/api.md §9.4 requires.
     let bundle_files = files
         .values()
         .map(|entry| BundleFile { path: entry.path.clone(), size: entry.size, zip_index: entry.index })

@@ -1,4 +1,4 @@
-//! Version ids (API.md 9.3): `YYYYMMDD-HHMMSS`, optionally `-N` when taken.
+//! Version ids (docs/api.md §9.3): `YYYYMMDD-HHMMSS`, optionally `-N` when taken.
 
 use chrono::{DateTime, NaiveDateTime, Timelike, Utc};
 

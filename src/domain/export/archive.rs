@@ -1,4 +1,4 @@
-//! The streaming ZIP container of the Parquet, CSV and raw-json exports (API.md 13.1).
+//! The streaming ZIP container of the Parquet, CSV and raw-json exports (docs/api.md §13.1).
 
 use std::io::{self, Write};
 

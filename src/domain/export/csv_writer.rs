@@ -1,4 +1,4 @@
-//! One form type's CSV file (API.md 13.2): the Parquet columns as text.
+//! One form type's CSV file (docs/api.md §13.2): the Parquet columns as text.
 
 use std::io::Write;
 

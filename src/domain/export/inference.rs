@@ -1,4 +1,4 @@
-//! Data-column inference (API.md 13.2): one pass over a form type's rows
+//! Data-column inference (docs/api.md §13.2): one pass over a form type's rows
 //! collects, per flattened leaf path, the JSON kinds seen; the writing pass then
 //! projects every row onto the resulting column set.
 

@@ -1,4 +1,4 @@
-//! The synkronus-dialect record (API.md 8.7 plus 17.5) for NDJSON and raw-json exports.
+//! The synkronus-dialect record (docs/api.md §8.7 plus 17.5) for NDJSON and raw-json exports.
 
 use std::io::Write;
 
@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use super::{format_timestamp, ExportError, ExportRow};
 
 /// The record as the synkronus dialect returns it. Unknown values are `null`,
-/// never omitted (API.md 1.3).
+/// never omitted (docs/api.md §1.3).
 pub fn observation_json(row: &ExportRow) -> Value {
     let ts = |t: Option<chrono::DateTime<chrono::Utc>>| match t {
         Some(t) => Value::String(format_timestamp(t)),

@@ -1,4 +1,4 @@
-//! Export encoding (API.md section 13 and 17.8): column inference, Parquet, CSV,
+//! Export encoding (docs/api.md §13 and 17.8): column inference, Parquet, CSV,
 //! NDJSON and the streaming ZIP container.
 //!
 //! Everything here is synchronous and pure: the caller feeds rows it reads from
@@ -64,7 +64,7 @@ pub enum ExportError {
 }
 
 /// RFC 3339 in UTC with `Z`, microseconds with trailing zeros trimmed and no
-/// fraction at all when it is zero (API.md 1.4), so client timestamps such as
+/// fraction at all when it is zero (docs/api.md §1.4), so client timestamps such as
 /// `2025-06-27T10:55:58.123Z` come back byte for byte.
 pub fn format_timestamp(ts: DateTime<Utc>) -> String {
     let base = ts.format("%Y-%m-%dT%H:%M:%S");

@@ -1,4 +1,4 @@
-//! ZIP entry names (API.md 13.1 and 17.8).
+//! ZIP entry names (docs/api.md §13.1 and 17.8).
 
 use std::collections::HashSet;
 

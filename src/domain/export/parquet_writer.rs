@@ -1,4 +1,4 @@
-//! One form type's Parquet file (API.md 13.2), written batch by batch.
+//! One form type's Parquet file (docs/api.md §13.2), written batch by batch.
 
 use std::io::Write;
 use std::sync::Arc;

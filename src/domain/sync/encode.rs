@@ -1,4 +1,4 @@
-//! Internal model -> wire, per dialect (API.md 8.7–8.9).
+//! Internal model -> wire, per dialect (docs/api.md §8.7–8.9).
 
 use serde::Serialize;
 use serde_json::value::RawValue;

@@ -1,4 +1,4 @@
-//! The sync model (API.md 8): one internal record model, three wire dialects.
+//! The sync model (docs/api.md §8): one internal record model, three wire dialects.
 
 pub mod decode;
 pub mod encode;
@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// The three wire shapes of push and pull (API.md 1.2).
+/// The three wire shapes of push and pull (docs/api.md §1.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
     Synkronus,
@@ -22,7 +22,7 @@ pub enum Dialect {
 }
 
 impl Dialect {
-    /// Detection from a push or pull body, first match wins (API.md 8.1).
+    /// Detection from a push or pull body, first match wins (docs/api.md §8.1).
     pub fn detect(body: &Value) -> Dialect {
         let Some(obj) = body.as_object() else {
             return Dialect::Synkronus;
@@ -94,7 +94,7 @@ pub struct PushRequest {
 
 impl PushRequest {
     /// SHA-256 of the canonical JSON of the decoded records: the same content in another dialect,
-    /// key order or spacing is the same payload (API.md 8.6).
+    /// key order or spacing is the same payload (docs/api.md §8.6).
     pub fn fingerprint(&self) -> Vec<u8> {
         let mut hasher = HashWriter(Sha256::new());
         let canonical: Vec<CanonicalRecord> = self.records.iter().map(CanonicalRecord::from).collect();
@@ -155,7 +155,7 @@ impl std::io::Write for HashWriter {
     }
 }
 
-/// A non-blocking remark about one record (API.md 8.4).
+/// A non-blocking remark about one record (docs/api.md §8.4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Warning {
     pub id: String,
@@ -209,7 +209,7 @@ impl Warning {
 pub struct PushResult {
     /// The highest committed change_id right after the commit that contained the push.
     pub head: i64,
-    /// The repository generation the push was committed in (API.md 17.2).
+    /// The repository generation the push was committed in (docs/api.md §17.2).
     #[serde(default = "first_generation")]
     pub repository_generation: i64,
     /// (record id, change_id) in request order.
@@ -262,7 +262,7 @@ pub struct PullPage {
 }
 
 impl PullPage {
-    /// The page's last change_id, or S when the page is empty (API.md 8.2 rule 4).
+    /// The page's last change_id, or S when the page is empty (docs/api.md §8.2 rule 4).
     pub fn change_cutoff(&self) -> i64 {
         self.records.last().map(|r| r.change_id).unwrap_or(self.head)
     }
@@ -277,7 +277,7 @@ impl PullPage {
     }
 }
 
-/// Page size rules shared by every listing (API.md 1.5).
+/// Page size rules shared by every listing (docs/api.md §1.5).
 pub const DEFAULT_LIMIT: i64 = 50;
 pub const MAX_LIMIT: i64 = 500;
 
