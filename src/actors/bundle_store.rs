@@ -32,6 +32,7 @@ use crate::domain::bundle::{
     declared_version_id, validate_zip, version_id_candidates, version_id_from_time, version_manifest, Limits,
     ManifestFile, ValidatedBundle, VersionView,
 };
+use crate::domain::formspec::KeptFormSpec;
 use crate::error::{ApiError, ApiResult};
 
 /// How often the active pointer is re-read in case a notification was lost.
@@ -64,7 +65,7 @@ pub struct Push {
 pub struct PushOutcome {
     pub version: Arc<VersionInfo>,
     pub active: bool,
-    pub warnings: Vec<Value>,
+    pub warnings: Vec<KeptFormSpec>,
 }
 
 impl Message for Push {
@@ -79,7 +80,7 @@ struct Switch {
 pub struct SwitchOutcome {
     pub version: String,
     pub previous_version: Option<String>,
-    pub warnings: Vec<Value>,
+    pub warnings: Vec<KeptFormSpec>,
 }
 
 impl Message for Switch {
@@ -540,14 +541,15 @@ async fn free_version_id(
 }
 
 /// Inserts the version's row and, when asked, activates it and registers its forms, then
-/// commits. Returns the new pointer generation if activated, and the registration warnings.
+/// commits. Returns the new pointer generation if activated, and the forms whose existing spec
+/// was kept.
 async fn insert_version(
     tx: Transaction<'_>,
     bundle: &ValidatedBundle,
     info: &VersionInfo,
     manifest_json: &Value,
     activate: bool,
-) -> ApiResult<(Option<i64>, Vec<Value>)> {
+) -> ApiResult<(Option<i64>, Vec<KeptFormSpec>)> {
     let manifest = &info.manifest;
     db::bundles::insert(
         &tx,

@@ -2,11 +2,11 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio_postgres::Row;
 
 use crate::db::DbResult;
-use crate::domain::formspec::bundle_form_version;
+use crate::domain::formspec::{bundle_form_version, KeptFormSpec};
 
 #[derive(Debug, Clone)]
 pub struct FormSpecRow {
@@ -87,28 +87,20 @@ pub async fn register(
 }
 
 /// Registers the forms of a bundle version that becomes active (docs/api.md §11.2) and remembers
-/// them for the record-validation fallback. Returns the `FORMSPEC_CONFLICT` warnings.
+/// them for the record-validation fallback. Returns the forms whose existing spec was kept.
 pub async fn register_bundle_forms(
     db: &impl GenericClient,
     bundle_version: &str,
     forms: &[(String, Value, Value)],
-) -> DbResult<Vec<Value>> {
+) -> DbResult<Vec<KeptFormSpec>> {
     let source = format!("bundle:{bundle_version}");
-    let mut warnings = Vec::new();
+    let mut kept = Vec::new();
     for (form_type, schema, uischema) in forms {
         let version = bundle_form_version(schema, bundle_version);
         if let Registration::Conflict(_) =
             register(db, form_type, &version, schema, uischema, &source).await?
         {
-            warnings.push(json!({
-                "code": "FORMSPEC_CONFLICT",
-                "form": form_type,
-                "version": version,
-                "message": format!(
-                    "Form spec {form_type} version {version} already exists with different content; \
-                     the existing spec was kept"
-                ),
-            }));
+            kept.push(KeptFormSpec { form_type: form_type.clone(), version: version.clone() });
         }
         db.execute(
             "INSERT INTO bundle_forms (bundle_version, form_type, spec_version, schema) VALUES ($1, $2, $3, $4)
@@ -117,7 +109,7 @@ pub async fn register_bundle_forms(
         )
         .await?;
     }
-    Ok(warnings)
+    Ok(kept)
 }
 
 /// Every spec, sorted by form type (byte order), then newest first.

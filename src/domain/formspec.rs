@@ -54,6 +54,14 @@ pub fn check_content(schema: &Value, uischema: &Value) -> Vec<ContentProblem> {
     problems
 }
 
+/// A bundle form whose spec version already existed with other content: the existing spec was
+/// kept, and the upload or switch answers with a `FORMSPEC_CONFLICT` warning (docs/api.md §11.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptFormSpec {
+    pub form_type: String,
+    pub version: String,
+}
+
 /// The version a bundle's form is registered under (docs/api.md §11.2): the schema's top-level
 /// string `version` when it is a valid identifier, otherwise the bundle version id.
 pub fn bundle_form_version(schema: &Value, bundle_version: &str) -> String {

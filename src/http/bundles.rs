@@ -25,7 +25,7 @@ use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::http::extract::{api_version, path_param, state, Auth, JsonBody};
 use crate::http::wire;
 use crate::http::wire::bundles::{
-    BundleVersion, BundleVersionEntry, BundleVersions, PushAnswer, SwitchAnswer, SwitchRequest,
+    BundleVersion, BundleVersionEntry, BundleVersions, BundleWarning, PushAnswer, SwitchAnswer, SwitchRequest,
 };
 use crate::state::AppState;
 
@@ -178,7 +178,7 @@ async fn upload(
         manifest,
         message: "App bundle successfully pushed",
         version: outcome.version.version.clone(),
-        warnings: outcome.warnings,
+        warnings: outcome.warnings.into_iter().map(BundleWarning::from).collect(),
     }))
 }
 
@@ -218,7 +218,7 @@ async fn switch_to(st: &AppState, raw: Option<&str>) -> ApiResult<HttpResponse> 
         message: format!("Switched to app bundle version {}", outcome.version),
         previous_version: outcome.previous_version,
         version: outcome.version,
-        warnings: outcome.warnings,
+        warnings: outcome.warnings.into_iter().map(BundleWarning::from).collect(),
     }))
 }
 

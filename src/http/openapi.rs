@@ -128,6 +128,7 @@ use crate::http::{sync, users};
         admin_wire::Device,
         bundles_wire::BundleUpload,
         bundles_wire::PushAnswer,
+        bundles_wire::BundleWarning,
         bundles_wire::SwitchRequest,
         bundles_wire::SwitchAnswer,
         bundles_wire::BundleVersions,

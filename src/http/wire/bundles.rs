@@ -6,6 +6,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::Text;
+use crate::domain::formspec::KeptFormSpec;
 
 /// The upload: the ZIP in the part `bundle` (or `file`), optionally `activate=true`.
 #[derive(ToSchema)]
@@ -23,8 +24,32 @@ pub struct PushAnswer {
     pub manifest: Value,
     pub message: &'static str,
     pub version: String,
-    #[schema(value_type = Vec<Object>)]
-    pub warnings: Vec<Value>,
+    pub warnings: Vec<BundleWarning>,
+}
+
+/// `FORMSPEC_CONFLICT`: a form of the activated bundle names a spec version that already exists
+/// with other content; the existing spec was kept (docs/api.md §11.2).
+#[derive(Serialize, ToSchema)]
+pub struct BundleWarning {
+    #[schema(example = "FORMSPEC_CONFLICT")]
+    pub code: &'static str,
+    pub form: String,
+    pub message: String,
+    pub version: String,
+}
+
+impl From<KeptFormSpec> for BundleWarning {
+    fn from(KeptFormSpec { form_type, version }: KeptFormSpec) -> Self {
+        BundleWarning {
+            code: "FORMSPEC_CONFLICT",
+            message: format!(
+                "Form spec {form_type} version {version} already exists with different content; \
+                 the existing spec was kept"
+            ),
+            form: form_type,
+            version,
+        }
+    }
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -39,8 +64,7 @@ pub struct SwitchAnswer {
     pub message: String,
     pub previous_version: Option<String>,
     pub version: String,
-    #[schema(value_type = Vec<Object>)]
-    pub warnings: Vec<Value>,
+    pub warnings: Vec<BundleWarning>,
 }
 
 /// Stored versions, newest first: objects, or for `x-api-version: 1.0` clients the version ids
@@ -78,7 +102,7 @@ mod tests {
             manifest: serde_json::json!({"b": 1, "a": 2}),
             message: "",
             version: String::new(),
-            warnings: vec![serde_json::json!({"z": 1, "y": 2})],
+            warnings: vec![BundleWarning::from(KeptFormSpec { form_type: "f".into(), version: "1".into() })],
         });
         assert_map_order(&SwitchAnswer {
             message: String::new(),
