@@ -61,6 +61,11 @@ pub struct Config {
     pub data_root: PathBuf,
     pub app_bundle_path: PathBuf,
     pub attachments_path: PathBuf,
+    /// `STORAGE_URL`; `None` keeps the three local folders above (docs/api.md §18.1).
+    pub storage_url: Option<crate::storage::StorageUrl>,
+    pub aws: crate::storage::AwsSettings,
+    /// Bound of each node's local cache of bundle files when they live in an object store.
+    pub bundle_cache_bytes: u64,
     pub max_versions_kept: usize,
     pub admin_username: String,
     pub admin_password: String,
@@ -132,6 +137,9 @@ impl Config {
             data_root: PathBuf::new(),
             app_bundle_path: PathBuf::new(),
             attachments_path: PathBuf::new(),
+            storage_url: None,
+            aws: crate::storage::AwsSettings::default(),
+            bundle_cache_bytes: 0,
             max_versions_kept: 0,
             admin_username: String::new(),
             admin_password: String::new(),

@@ -356,6 +356,19 @@ impl From<DbError> for ApiError {
     }
 }
 
+/// Files the database still names but storage lacks are reported as missing (404), an object
+/// store that does not answer as 503, anything else as an internal error.
+impl From<crate::storage::StorageError> for ApiError {
+    fn from(e: crate::storage::StorageError) -> Self {
+        use crate::storage::StorageError as S;
+        match e {
+            S::Unavailable(_) => ApiError::unavailable(e),
+            S::NotFound(_) => ApiError::not_found("The file is not available").caused_by(e),
+            S::AlreadyExists(_) | S::Io(_) => ApiError::internal(e),
+        }
+    }
+}
+
 impl From<DecodeError> for ApiError {
     fn from(e: DecodeError) -> Self {
         let code = match e.kind {

@@ -13,6 +13,7 @@ pub mod monitoring;
 pub mod schema_check;
 pub mod startup;
 pub mod state;
+pub mod storage;
 pub mod telemetry;
 #[cfg(test)]
 mod testing;

@@ -124,7 +124,9 @@ impl Application {
         let auth = Arc::new(AuthService::from_config(&config, clock.clone())?);
         bootstrap_admin(&config, &pool, &auth).await?;
         check_data_root(&config)?;
-        let actors = crate::actors::start(&config, &pool, &conn, &clock).await?;
+        let storage = Arc::new(crate::storage::Storage::open(&config)?);
+        storage.check_at_start().await?;
+        let actors = crate::actors::start(&config, &pool, &conn, &clock, &storage).await?;
 
         let state = AppState {
             config: config.clone(),
@@ -138,6 +140,7 @@ impl Application {
             started_at: Instant::now(),
             ready: Arc::new(AtomicBool::new(true)),
             actors,
+            storage,
             schemas: Arc::new(crate::schema_check::SchemaCache::default()),
             clock,
         };

@@ -18,6 +18,8 @@ pub struct AppState {
     pub started_at: Instant,
     pub ready: Arc<AtomicBool>,
     pub actors: crate::actors::Actors,
+    /// Where attachment, bundle and export files live (docs/api.md §18.1).
+    pub storage: Arc<crate::storage::Storage>,
     pub schemas: Arc<crate::schema_check::SchemaCache>,
     /// What expiry is measured on (see `crate::clock`).
     pub clock: crate::clock::Clock,

@@ -1,13 +1,14 @@
 //! The `AttachmentStore` actor owns attachment files: it moves staged uploads into the
 //! content-addressed blob store and records them through the ChangeLog, and it builds the cached
 //! image variants. Handlers stream request bodies into a `Staged` temp file themselves (the
-//! payload belongs to the request), and read finished blobs straight from disk. It is the only
+//! payload belongs to the request), and read finished blobs straight from storage. It is the only
 //! code that deletes attachment files: a repository reset goes through it, serialised with every
 //! upload, so no upload can commit a row whose file the reset then removes.
 //!
-//! Layout under ATTACHMENTS_PATH: `tmp/` (uploads in flight), `blobs/<aa>/<sha256>` (immutable
-//! content, named by its hash, so racing uploads with different bytes never touch the same file)
-//! and `variants/<sha256>-<quality>` (resized images).
+//! Keys in the attachments storage area (docs/storage.md): `blobs/<aa>/<sha256>` (immutable
+//! content, named by its hash, so racing uploads with different bytes never touch the same key)
+//! and `variants/<sha256>-<quality>` (resized images). Uploads in flight are staged in
+//! `ATTACHMENTS_PATH/tmp/` on the node's own disk whatever the backend.
 
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -27,6 +28,7 @@ use crate::db::attachments::{self, AttachmentRow, NewAttachment};
 use crate::db::records::Head;
 use crate::domain::attachment::{scaled_size, Quality};
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::storage::{Area, StorageError};
 
 /// A temp file is stale (left by a crash or a killed process) once untouched this long; live
 /// uploads write continuously, so other processes sharing the folder never lose theirs.
@@ -51,21 +53,8 @@ impl BlobPaths {
         self.root.join("tmp")
     }
 
-    /// Sharded by the first two hex digits so no folder grows without bound.
-    pub fn blob(&self, sha256: &str) -> PathBuf {
-        let shard = sha256.get(..2).unwrap_or("00");
-        self.root.join("blobs").join(shard).join(sha256)
-    }
-
-    pub fn variant(&self, sha256: &str, quality: Quality) -> PathBuf {
-        self.root.join("variants").join(format!("{sha256}-{}", quality.as_str()))
-    }
-
     fn create_dirs(&self) -> std::io::Result<()> {
-        for dir in [self.tmp_dir(), self.root.join("blobs"), self.root.join("variants")] {
-            std::fs::create_dir_all(dir)?;
-        }
-        Ok(())
+        std::fs::create_dir_all(self.tmp_dir())
     }
 
     fn new_temp(&self) -> TempFile {
@@ -73,34 +62,41 @@ impl BlobPaths {
     }
 }
 
+/// The storage key of an attachment's content, sharded by the first two hex digits so no
+/// folder grows without bound.
+pub fn blob_key(sha256: &str) -> String {
+    let shard = sha256.get(..2).unwrap_or("00");
+    format!("blobs/{shard}/{sha256}")
+}
+
+pub fn variant_key(sha256: &str, quality: Quality) -> String {
+    format!("variants/{sha256}-{}", quality.as_str())
+}
+
+/// Stores a file under a content-addressed key: a key that exists already holds these bytes.
+async fn put_content(area: &Area, key: &str, src: &Path) -> ApiResult<()> {
+    match area.put_file(key, src).await {
+        Ok(()) | Err(StorageError::AlreadyExists(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A file in `tmp/` that is removed when dropped, so every failure path (an error, a dropped
-/// connection cancelling the handler) cleans up; `persist` moves it out first.
+/// connection cancelling the handler) cleans up, the stored copy made or not.
 #[derive(Debug)]
 pub struct TempFile {
     path: PathBuf,
 }
 
 impl TempFile {
-    /// Moves the file to `dest` (replacing an identical blob is harmless) and makes the rename durable.
-    fn persist(mut self, dest: &Path) -> std::io::Result<()> {
-        if let Some(dir) = dest.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::rename(&self.path, dest)?;
-        if let Some(dir) = dest.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        // Nothing left for Drop to remove.
-        self.path = PathBuf::new();
-        Ok(())
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        if !self.path.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -151,7 +147,7 @@ impl AttachmentStoreHandle {
     }
 
     /// The resized copy of an image for `quality`, made on first use; `None` serves the original.
-    pub async fn variant(&self, sha256: String, quality: Quality) -> ApiResult<Option<PathBuf>> {
+    pub async fn variant(&self, sha256: String, quality: Quality) -> ApiResult<Option<String>> {
         super::ask(&self.0, "attachment store", Variant { sha256, quality }).await
     }
 
@@ -166,6 +162,7 @@ pub struct AttachmentStore {
     pool: Pool,
     change_log: ChangeLogHandle,
     paths: BlobPaths,
+    area: Area,
     resizes: Arc<Semaphore>,
     /// Held shared by each upload (from its first look at the table until its row is committed)
     /// and each resize, and exclusively by a reset (from its commit until the files are gone).
@@ -176,13 +173,14 @@ pub struct AttachmentStore {
 
 impl AttachmentStore {
     /// Creates the folders (start-up, so a failure stops the server with a clear message).
-    pub fn new(pool: Pool, change_log: ChangeLogHandle, root: &Path) -> anyhow::Result<Self> {
+    pub fn new(pool: Pool, change_log: ChangeLogHandle, root: &Path, area: Area) -> anyhow::Result<Self> {
         let paths = BlobPaths::new(root);
         paths.create_dirs().map_err(|e| anyhow::anyhow!("ATTACHMENTS_PATH: {}: {e}", root.display()))?;
         Ok(AttachmentStore {
             pool,
             change_log,
             paths,
+            area,
             resizes: Arc::new(Semaphore::new(MAX_CONCURRENT_RESIZES)),
             files: Arc::new(RwLock::new(())),
         })
@@ -247,7 +245,7 @@ impl Handler<Store> for AttachmentStore {
     type Result = ResponseFuture<ApiResult<AttachmentCommit>>;
 
     fn handle(&mut self, msg: Store, _: &mut Self::Context) -> Self::Result {
-        let (pool, change_log, paths) = (self.pool.clone(), self.change_log.clone(), self.paths.clone());
+        let (pool, change_log, area) = (self.pool.clone(), self.change_log.clone(), self.area.clone());
         let files = self.files.clone();
         Box::pin(async move {
             let _no_reset = files.read_owned().await;
@@ -263,9 +261,8 @@ impl Handler<Store> for AttachmentStore {
             }
             let Store { staged, id, content_type, uploaded_by, client_id } = msg;
             crate::monitoring::attachment_uploaded(staged.size);
-            let dest = paths.blob(&staged.sha256);
-            let temp = staged.temp;
-            actix_web::web::block(move || temp.persist(&dest)).await??;
+            put_content(&area, &blob_key(&staged.sha256), staged.temp.path()).await?;
+            drop(staged.temp);
             let new = NewAttachment {
                 id,
                 sha256: staged.sha256,
@@ -282,36 +279,52 @@ impl Handler<Store> for AttachmentStore {
 /// A resized copy of an image attachment, made once and kept on disk. `None` means "serve the
 /// original": not an image, already small enough, or not decodable.
 #[derive(Message)]
-#[rtype(result = "ApiResult<Option<PathBuf>>")]
+#[rtype(result = "ApiResult<Option<String>>")]
 struct Variant {
     pub sha256: String,
     pub quality: Quality,
 }
 
 impl Handler<Variant> for AttachmentStore {
-    type Result = ResponseFuture<ApiResult<Option<PathBuf>>>;
+    type Result = ResponseFuture<ApiResult<Option<String>>>;
 
     fn handle(&mut self, msg: Variant, _: &mut Self::Context) -> Self::Result {
-        let (paths, resizes, files) = (self.paths.clone(), self.resizes.clone(), self.files.clone());
+        let (paths, area) = (self.paths.clone(), self.area.clone());
+        let (resizes, files) = (self.resizes.clone(), self.files.clone());
         Box::pin(async move {
             let _no_reset = files.read_owned().await;
-            let dest = paths.variant(&msg.sha256, msg.quality);
-            if tokio::fs::try_exists(&dest).await.unwrap_or(false) {
-                return Ok(Some(dest));
+            let key = variant_key(&msg.sha256, msg.quality);
+            if area.head(&key).await?.is_some() {
+                return Ok(Some(key));
             }
             let _permit = resizes.acquire_owned().await.map_err(ApiError::internal)?;
             // Whoever held the permit before may have just made the same variant.
-            if tokio::fs::try_exists(&dest).await.unwrap_or(false) {
-                return Ok(Some(dest));
+            if area.head(&key).await?.is_some() {
+                return Ok(Some(key));
             }
-            let source = paths.blob(&msg.sha256);
+            // The decoder reads a local file: the blob itself, or a copy fetched from the store.
+            let fetched = paths.new_temp();
+            let source = match area.local_path(&blob_key(&msg.sha256)) {
+                Some(path) => path,
+                None => {
+                    area.fetch_to(&blob_key(&msg.sha256), fetched.path()).await?;
+                    fetched.path().to_path_buf()
+                }
+            };
             let temp = paths.new_temp();
-            let quality = msg.quality;
-            let made = actix_web::web::block(move || make_variant(&source, temp, &dest, quality)).await?;
-            Ok(made.unwrap_or_else(|e| {
-                tracing::warn!(sha256 = %msg.sha256, error = %e, "image variant not made; serving the original");
-                None
-            }))
+            let (out, quality) = (temp.path().to_path_buf(), msg.quality);
+            let made = actix_web::web::block(move || make_variant(&source, &out, quality)).await?;
+            match made {
+                Ok(true) => {
+                    put_content(&area, &key, temp.path()).await?;
+                    Ok(Some(key))
+                }
+                Ok(false) => Ok(None),
+                Err(e) => {
+                    tracing::warn!(sha256 = %msg.sha256, error = %e, "image variant not made; serving the original");
+                    Ok(None)
+                }
+            }
         })
     }
 }
@@ -327,41 +340,30 @@ impl Handler<ResetRepository> for AttachmentStore {
     type Result = ResponseFuture<ApiResult<Head>>;
 
     fn handle(&mut self, _: ResetRepository, _: &mut Self::Context) -> Self::Result {
-        let (change_log, paths, files) = (self.change_log.clone(), self.paths.clone(), self.files.clone());
+        let (change_log, area, files) = (self.change_log.clone(), self.area.clone(), self.files.clone());
         Box::pin(async move {
             let _exclusive = files.write_owned().await;
             let head = change_log.reset_repository().await?;
             // Files go only after the commit: a failed reset must not lose attachments still
             // referenced.
-            remove_files(&paths.root).await;
+            remove_files(&area).await;
             Ok(head)
         })
     }
 }
 
-/// Removes stored attachment content and resized copies; uploads in flight (`tmp/`) are left alone.
-async fn remove_files(root: &Path) {
-    for dir in ["blobs", "variants"] {
-        let path = root.join(dir);
-        match tokio::fs::remove_dir_all(&path).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(error = %e, path = %path.display(), "could not remove attachment data after reset")
-            }
-        }
-        if let Err(e) = tokio::fs::create_dir_all(&path).await {
-            tracing::warn!(error = %e, path = %path.display(), "could not recreate attachment folder after reset");
+/// Removes stored attachment content and resized copies; uploads in flight (`tmp/`) are left
+/// alone. What a failure leaves has no row: the orphan sweep removes it later.
+async fn remove_files(area: &Area) {
+    for prefix in ["blobs/", "variants/"] {
+        if let Err(e) = area.delete_prefix(prefix).await {
+            tracing::warn!(error = %e, prefix, "could not remove attachment data after reset");
         }
     }
 }
 
-fn make_variant(
-    source: &Path,
-    temp: TempFile,
-    dest: &Path,
-    quality: Quality,
-) -> Result<Option<PathBuf>, image::ImageError> {
+/// Writes the resized image to `out`; `false` when the original is to be served.
+fn make_variant(source: &Path, out: &Path, quality: Quality) -> Result<bool, image::ImageError> {
     use image::{ImageFormat, ImageReader};
     let open = || -> Result<_, image::ImageError> {
         let mut reader =
@@ -375,41 +377,37 @@ fn make_variant(
     let reader = open()?;
     let format = reader.format();
     if !matches!(format, Some(ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::WebP | ImageFormat::Gif)) {
-        return Ok(None);
+        return Ok(false);
     }
     let (width, height) = reader.into_dimensions()?;
     let Some((w, h)) = scaled_size(width, height, quality.max_side()) else {
-        return Ok(None);
+        return Ok(false);
     };
     let resized = open()?.decode()?.resize_exact(w, h, image::imageops::FilterType::Triangle);
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&temp.path)?);
+    let mut out = std::io::BufWriter::new(std::fs::File::create(out)?);
     match format {
         Some(ImageFormat::Jpeg) => {
             let encoder = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 85);
             resized.to_rgb8().write_with_encoder(encoder)?;
         }
         Some(f) => resized.write_to(&mut out, f)?,
-        None => return Ok(None),
+        None => return Ok(false),
     }
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
-    drop(file);
-    temp.persist(dest)?;
-    Ok(Some(dest.to_path_buf()))
+    Ok(true)
 }
 
 /// A ZIP (stored, not compressed: attachments are mostly already-compressed media) of `rows`,
 /// written on a blocking thread and streamed through a small bounded channel, so memory does not
 /// depend on the attachments' sizes. A failure mid-way ends the stream with an error, which
 /// aborts the response instead of sending a truncated archive that looks complete.
-pub fn zip_stream(
-    paths: BlobPaths,
-    rows: Vec<AttachmentRow>,
-) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
+pub fn zip_stream(area: Area, rows: Vec<AttachmentRow>) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     let errors = tx.clone();
+    let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
-        if let Err(e) = write_zip(&paths, &rows, ChannelWriter::new(tx)) {
+        if let Err(e) = write_zip(&area, &runtime, &rows, ChannelWriter::new(tx)) {
             tracing::warn!(error = %e, "attachment ZIP export stopped");
             let _ = errors.blocking_send(Err(std::io::Error::other("export failed")));
         }
@@ -417,7 +415,12 @@ pub fn zip_stream(
     futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
 }
 
-fn write_zip(paths: &BlobPaths, rows: &[AttachmentRow], out: ChannelWriter) -> zip::result::ZipResult<()> {
+fn write_zip(
+    area: &Area,
+    runtime: &tokio::runtime::Handle,
+    rows: &[AttachmentRow],
+    out: ChannelWriter,
+) -> zip::result::ZipResult<()> {
     use zip::write::SimpleFileOptions;
     let mut zip = zip::ZipWriter::new_stream(out);
     for row in rows {
@@ -425,8 +428,18 @@ fn write_zip(paths: &BlobPaths, rows: &[AttachmentRow], out: ChannelWriter) -> z
             .compression_method(zip::CompressionMethod::Stored)
             .large_file(row.size >= i64::from(u32::MAX));
         zip.start_file(row.id.as_str(), options)?;
-        let mut file = std::fs::File::open(paths.blob(&row.sha256))?;
-        std::io::copy(&mut file, &mut zip)?;
+        let key = blob_key(&row.sha256);
+        match area.local_path(&key) {
+            Some(path) => {
+                std::io::copy(&mut std::fs::File::open(path)?, &mut zip)?;
+            }
+            None => {
+                let stream = runtime.block_on(area.get(&key, None)).map_err(std::io::Error::other)?;
+                let reader = tokio_util::io::StreamReader::new(stream);
+                let mut blocking = tokio_util::io::SyncIoBridge::new_with_handle(reader, runtime.clone());
+                std::io::copy(&mut blocking, &mut zip)?;
+            }
+        }
     }
     let mut out = zip.finish()?.into_inner();
     out.flush()?;
@@ -491,7 +504,7 @@ mod tests {
     }
 
     #[test]
-    fn temp_files_vanish_unless_persisted() {
+    fn temp_files_vanish_when_dropped() {
         let dir = tempfile::tempdir().expect("tempdir");
         let paths = BlobPaths::new(dir.path());
         paths.create_dirs().expect("dirs");
@@ -500,11 +513,6 @@ mod tests {
         let dropped_path = dropped.path.clone();
         drop(dropped);
         assert!(!dropped_path.exists());
-        let kept = paths.new_temp();
-        std::fs::write(&kept.path, b"b").expect("write");
-        let dest = paths.blob("abcdef");
-        kept.persist(&dest).expect("persist");
-        assert_eq!(std::fs::read(&dest).expect("read"), b"b");
-        assert_eq!(std::fs::read_dir(paths.tmp_dir()).expect("tmp").count(), 0);
+        assert_eq!(blob_key("abcdef"), "blobs/ab/abcdef");
     }
 }

@@ -1,13 +1,14 @@
 //! `BundleStore` owns the active app bundle version (docs/api.md §9, docs/architecture.md
 //! "App bundles").
 //!
-//! Uploads are validated, unpacked into a staging folder, then renamed into
-//! `versions/<id>/` and recorded in one transaction under the bundle lock, so a failed upload
-//! leaves nothing and uses no id. The active pointer lives in the database; this actor keeps
+//! Uploads are validated, unpacked into a staging folder, then stored as `versions/<id>/` in
+//! the bundles storage area (renamed there with the local backend) and recorded in one
+//! transaction under the bundle lock, so a failed upload leaves nothing and uses no id. The active pointer lives in the database; this actor keeps
 //! the active version in memory and learns about switches made by other processes through
 //! LISTEN/NOTIFY, with a periodic re-read as the fallback. Every change carries the pointer's
 //! generation, so updates applied out of order never move the pointer back.
 
+mod cache;
 mod files;
 mod version;
 
@@ -23,7 +24,7 @@ use deadpool_postgres::{GenericClient, Pool, Transaction};
 use serde_json::Value;
 
 pub use files::staging_dir;
-use files::{remove_path, remove_stale_staging, remove_unrecorded, unpack, version_dir, zip_path};
+use files::{remove_stale_staging, unpack, BundleFiles};
 pub use version::VersionInfo;
 
 use crate::db;
@@ -47,8 +48,12 @@ pub enum Target {
     Version(String),
 }
 
-/// Resolves a target to one version; the caller then serves only from that version.
-struct Resolve(pub Target);
+/// Resolves a target to one version; the caller then serves only from that version. With
+/// `files`, the version's files are made readable on this node first.
+struct Resolve {
+    target: Target,
+    files: bool,
+}
 
 impl Message for Resolve {
     type Result = ApiResult<Arc<VersionInfo>>;
@@ -104,7 +109,12 @@ pub struct BundleStoreHandle(pub(super) Addr<BundleStore>);
 impl BundleStoreHandle {
     /// Resolves a target to one version; the caller then serves only from that version.
     pub async fn resolve(&self, target: Target) -> ApiResult<Arc<VersionInfo>> {
-        super::ask(&self.0, "bundle store", Resolve(target)).await
+        super::ask(&self.0, "bundle store", Resolve { target, files: false }).await
+    }
+
+    /// Like [`Self::resolve`], for routes that read the version's files (`info.dir`, `info.zip_path`).
+    pub async fn resolve_files(&self, target: Target) -> ApiResult<Arc<VersionInfo>> {
+        super::ask(&self.0, "bundle store", Resolve { target, files: true }).await
     }
 
     /// Validates and stores an upload already streamed to `push.upload`, activating it if asked.
@@ -167,7 +177,9 @@ impl Handler<RegisterFormSpec> for BundleStore {
 pub struct BundleStore {
     pool: Pool,
     conn: String,
+    /// APP_BUNDLE_PATH: uploads and staging folders.
     root: PathBuf,
+    files: BundleFiles,
     keep: usize,
     limits: Limits,
     generation: i64,
@@ -181,13 +193,15 @@ impl BundleStore {
         config: &crate::config::Config,
         pool: &Pool,
         conn: &str,
+        storage: &crate::storage::Storage,
     ) -> anyhow::Result<Addr<Self>> {
         let root = config.app_bundle_path.clone();
-        std::fs::create_dir_all(root.join("versions"))?;
         std::fs::create_dir_all(staging_dir(&root))?;
         remove_stale_staging(&staging_dir(&root));
+        let files = BundleFiles::new(config, storage.bundles.clone())?;
         let cache = Arc::new(DashMap::new());
-        let (generation, active) = read_pointer(pool, &root, &cache, -1)
+        let job = Job { pool: pool.clone(), root: root.clone(), files: files.clone(), cache: cache.clone() };
+        let (generation, active) = read_pointer(&job, -1)
             .await
             .map_err(|e| anyhow::anyhow!("cannot read the active app bundle: {e}"))?
             .unwrap_or((0, None));
@@ -195,6 +209,7 @@ impl BundleStore {
             pool: pool.clone(),
             conn: conn.to_owned(),
             root,
+            files,
             keep: config.max_versions_kept,
             limits: Limits::default(),
             generation,
@@ -208,13 +223,21 @@ impl BundleStore {
         if generation > self.generation {
             self.generation = generation;
             self.active = active;
+            // Fetched now rather than by the first device asking, and kept through outages.
+            if let Some(info) = self.active.clone() {
+                let files = self.files.clone();
+                actix::spawn(async move {
+                    if let Err(error) = files.ensure(&info, Some(&info.version)).await {
+                        tracing::warn!(%error, version = %info.version, "cannot cache the active app bundle");
+                    }
+                });
+            }
         }
     }
 
     fn refresh(&mut self, ctx: &mut Context<Self>) {
-        let (pool, root, cache, known) =
-            (self.pool.clone(), self.root.clone(), self.cache.clone(), self.generation);
-        let read = async move { read_pointer(&pool, &root, &cache, known).await };
+        let (job, known) = (self.job(), self.generation);
+        let read = async move { read_pointer(&job, known).await };
         ctx.spawn(read.into_actor(self).map(|result, store, _| match result {
             Ok(Some(pointer)) => store.apply(pointer),
             Ok(None) => {}
@@ -223,7 +246,7 @@ impl BundleStore {
     }
 
     fn job(&self) -> Job {
-        Job { pool: self.pool.clone(), root: self.root.clone(), cache: self.cache.clone() }
+        Job { pool: self.pool.clone(), root: self.root.clone(), files: self.files.clone(), cache: self.cache.clone() }
     }
 }
 
@@ -270,13 +293,26 @@ impl Handler<Refresh> for BundleStore {
 impl Handler<Resolve> for BundleStore {
     type Result = ResponseFuture<ApiResult<Arc<VersionInfo>>>;
 
-    fn handle(&mut self, Resolve(target): Resolve, _: &mut Context<Self>) -> Self::Result {
-        if let Target::Active = target {
-            let active = self.active.clone().ok_or_else(|| ApiError::not_found("No app bundle is active"));
-            return Box::pin(async move { active });
-        }
+    fn handle(&mut self, Resolve { target, files }: Resolve, _: &mut Context<Self>) -> Self::Result {
         let job = self.job();
+        let active = self.active.clone();
         Box::pin(async move {
+            let info = job.resolve(target, active.clone()).await?;
+            if files {
+                job.files.ensure(&info, active.as_ref().map(|a| a.version.as_str())).await?;
+            }
+            Ok(info)
+        })
+    }
+}
+
+impl Job {
+    async fn resolve(&self, target: Target, active: Option<Arc<VersionInfo>>) -> ApiResult<Arc<VersionInfo>> {
+        if let Target::Active = target {
+            return active.ok_or_else(|| ApiError::not_found("No app bundle is active"));
+        }
+        let job = self;
+        {
             let db = job.pool.get().await?;
             let row = match &target {
                 Target::Version(version) => {
@@ -294,7 +330,7 @@ impl Handler<Resolve> for BundleStore {
                 _ => ApiError::not_found("No app bundle versions exist"),
             })?;
             job.load(row)
-        })
+        }
     }
 }
 
@@ -341,18 +377,13 @@ impl Handler<Switch> for BundleStore {
 }
 
 /// Reads the pointer; `None` when its generation is not newer than `known`.
-async fn read_pointer(
-    pool: &Pool,
-    root: &Path,
-    cache: &Arc<DashMap<String, Arc<VersionInfo>>>,
-    known: i64,
-) -> ApiResult<Option<Pointer>> {
+async fn read_pointer(job: &Job, known: i64) -> ApiResult<Option<Pointer>> {
+    let (pool, cache) = (&job.pool, &job.cache);
     let db = pool.get().await?;
     let (version, generation) = db::bundles::active(&db).await?;
     if generation <= known {
         return Ok(None);
     }
-    let job = Job { pool: pool.clone(), root: root.to_owned(), cache: cache.clone() };
     let info = match version {
         None => None,
         Some(version) => match cache.get(&version).map(|info| info.clone()) {
@@ -372,6 +403,7 @@ async fn read_pointer(
 struct Job {
     pool: Pool,
     root: PathBuf,
+    files: BundleFiles,
     cache: Arc<DashMap<String, Arc<VersionInfo>>>,
 }
 
@@ -380,7 +412,7 @@ impl Job {
         if let Some(info) = self.cache.get(&row.version) {
             return Ok(info.clone());
         }
-        let info = Arc::new(VersionInfo::from_row(&self.root, row)?);
+        let info = Arc::new(VersionInfo::from_row(&self.files.local_root(), row)?);
         self.cache.insert(info.version.clone(), info.clone());
         Ok(info)
     }
@@ -429,23 +461,24 @@ impl Job {
         let version = free_version_id(&tx, bundle, push.received_at).await?;
         let manifest = version_manifest(bundle, &version, files, created_at);
         let manifest_json = serde_json::to_value(&manifest).map_err(ApiError::internal)?;
-        let info = Arc::new(VersionInfo::new(&self.root, created_at, manifest)?);
+        let info = Arc::new(VersionInfo::new(&self.files.local_root(), created_at, manifest)?);
 
-        remove_unrecorded([&info.dir, &info.zip_path]).await;
-        tokio::fs::rename(staging, &info.dir).await?;
         let stored = async {
-            tokio::fs::rename(&push.upload, &info.zip_path).await?;
+            self.files.publish(&version, staging, &push.upload).await?;
             insert_version(tx, bundle, &info, &manifest_json, push.activate).await
         }
         .await;
         let (activated, warnings) = match stored {
             Ok(stored) => stored,
             Err(error) => {
-                remove_path(&info.dir).await;
-                remove_path(&info.zip_path).await;
+                if let Err(e) = self.files.unpublish(&version).await {
+                    tracing::warn!(error = %e, %version, "cannot remove the files of a failed app bundle upload");
+                }
                 return Err(error);
             }
         };
+        let active = activated.map(|_| version.as_str());
+        self.files.committed(&info, staging, &push.upload, active).await;
         self.cache.insert(version.clone(), info.clone());
         tracing::info!(version = %version, activated = activated.is_some(), "app bundle stored");
         let pointer = activated.map(|generation| (generation, Some(info.clone())));
@@ -468,8 +501,10 @@ impl Job {
             Ok(victims) => {
                 for version in victims {
                     self.cache.remove(&version);
-                    remove_path(&version_dir(&self.root, &version)).await;
-                    remove_path(&zip_path(&self.root, &version)).await;
+                    // A failure leaves files without a row, which the orphan sweep removes.
+                    if let Err(error) = self.files.unpublish(&version).await {
+                        tracing::warn!(%error, %version, "cannot remove a retained-out app bundle version");
+                    }
                     tracing::info!(version = %version, "app bundle version removed by retention");
                 }
             }
@@ -484,6 +519,7 @@ impl Job {
             let row = db::bundles::find(&db, version).await?.ok_or_else(not_found)?;
             self.load(row)?
         };
+        self.files.ensure(&info, None).await?;
         let forms = {
             let info = info.clone();
             tokio::task::spawn_blocking(move || VersionView::load(&info.manifest, &info.dir))

@@ -55,6 +55,7 @@ pub async fn start(
     pool: &deadpool_postgres::Pool,
     conn: &str,
     clock: &Clock,
+    storage: &crate::storage::Storage,
 ) -> anyhow::Result<Actors> {
     // The change log has connections of its own: its group commits send statements of many
     // megabytes, and a connection keeps buffers as large as the largest message it carried, so
@@ -63,10 +64,15 @@ pub async fn start(
         change_log::ChangeLogHandle(change_log::ChangeLog::new(crate::db::create_pool(conn, 2)?).start());
     let presence = presence::PresenceHandle(presence::Presence::new(pool.clone()).start());
     let bundles =
-        bundle_store::BundleStoreHandle(bundle_store::BundleStore::start(config, pool, conn).await?);
+        bundle_store::BundleStoreHandle(bundle_store::BundleStore::start(config, pool, conn, storage).await?);
     let attachments = attachment_store::AttachmentStoreHandle(
-        attachment_store::AttachmentStore::new(pool.clone(), change_log.clone(), &config.attachments_path)?
-            .start(),
+        attachment_store::AttachmentStore::new(
+            pool.clone(),
+            change_log.clone(),
+            &config.attachments_path,
+            storage.attachments.clone(),
+        )?
+        .start(),
     );
     let export_jobs =
         export_jobs::ExportJobsHandle(export_jobs::ExportJobs::new(config, conn, clock.clone())?.start());

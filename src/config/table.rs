@@ -201,6 +201,54 @@ pub static VARIABLES: &[Variable] = &[
             Ok(())
         },
     ),
+    Variable::optional(
+        "STORAGE_URL",
+        "unset",
+        "Where files live: unset, the three folders above; `file:///absolute/path`; `s3://BUCKET[/PREFIX]` (docs/storage.md)",
+        |c, raw| {
+            c.storage_url = raw.map(crate::storage::StorageUrl::parse).transpose()?;
+            Ok(())
+        },
+    ),
+    Variable::optional("AWS_ACCESS_KEY_ID", "unset", "S3 access key", |c, raw| {
+        c.aws.access_key_id = raw.map(str::to_owned);
+        Ok(())
+    }),
+    Variable::optional("AWS_SECRET_ACCESS_KEY", "unset", "S3 secret key", |c, raw| {
+        c.aws.secret_access_key = raw.map(str::to_owned);
+        Ok(())
+    }),
+    Variable::optional("AWS_SESSION_TOKEN", "unset", "S3 session token", |c, raw| {
+        c.aws.session_token = raw.map(str::to_owned);
+        Ok(())
+    }),
+    Variable::defaulted("AWS_REGION", "us-east-1", "S3 region", |c, raw| {
+        c.aws.region = raw.trim().to_owned();
+        Ok(())
+    }),
+    Variable::optional(
+        "AWS_ENDPOINT_URL",
+        "unset",
+        "S3 endpoint of a non-AWS store (`http://127.0.0.1:9000`); path-style addressing",
+        |c, raw| {
+            c.aws.endpoint = match raw.map(str::trim).filter(|s| !s.is_empty()) {
+                Some(url) if url.starts_with("http://") || url.starts_with("https://") => Some(url.to_owned()),
+                Some(url) => return Err(format!("'{url}' is not an http:// or https:// URL")),
+                None => None,
+            };
+            Ok(())
+        },
+    ),
+    Variable::defaulted("AWS_ALLOW_HTTP", "false", "`true` permits an `http://` endpoint", |c, raw| {
+        c.aws.allow_http = boolean(raw)?;
+        Ok(())
+    }),
+    Variable::defaulted(
+        "BUNDLE_CACHE_BYTES",
+        "1073741824",
+        "Bound of each node's local cache of bundle files kept in an object store",
+        set!(bundle_cache_bytes = |raw| at_least::<u64>(raw, 0)),
+    ),
     Variable::defaulted(
         "MAX_VERSIONS_KEPT",
         "5",
@@ -381,4 +429,12 @@ fn cidr_list(raw: &str) -> Result<Vec<IpNet>, String> {
                 .map_err(|_| format!("'{s}' is not a CIDR"))
         })
         .collect()
+}
+
+fn boolean(raw: &str) -> Result<bool, String> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" | "" => Ok(false),
+        _ => Err(format!("'{raw}' is not true or false")),
+    }
 }

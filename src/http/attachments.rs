@@ -1,15 +1,12 @@
 //! Attachments (docs/api.md §10 and 17.7): uploads are staged here and handed to the AttachmentStore
 //! actor; downloads, manifests and the ZIP export read the pool and the blob store directly.
 
-use std::path::{Path, PathBuf};
-
 use actix_multipart::Multipart;
 use actix_web::body::SizedStream;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use crate::actors::attachment_store::{self, BlobPaths, Staged, Store};
 use crate::db::attachments::{self, AttachmentRow};
@@ -242,45 +239,36 @@ pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     let id = path_param(&req, "id")?;
     rules::validate_id(&id)?;
     let row = find(st, &id).await?;
-    let paths = blob_paths(st);
     let quality =
         rules::requested_quality(&query_pairs(&req)).filter(|_| rules::is_resizable(&row.content_type));
     let variant = match quality {
         Some(q) => variant(st, &row, q).await?,
         None => None,
     };
-    let (path, etag) = match variant {
-        Some((path, q)) => (path, rules::etag(&row.sha256, Some(q))),
-        None => (paths.blob(&row.sha256), rules::etag(&row.sha256, None)),
+    let (key, etag, size) = match variant {
+        Some((key, q)) => {
+            let size = st.storage.attachments.head(&key).await?;
+            (key, rules::etag(&row.sha256, Some(q)), size.ok_or_else(|| ApiError::not_found("Attachment not found"))?)
+        }
+        None => (attachment_store::blob_key(&row.sha256), rules::etag(&row.sha256, None), row.size as u64),
     };
-    serve_file(&req, &path, &etag, &row).await
+    serve_file(st, &req, &key, size, &etag, &row).await
 }
 
-async fn variant(
-    st: &AppState,
-    row: &AttachmentRow,
-    quality: Quality,
-) -> ApiResult<Option<(PathBuf, Quality)>> {
+async fn variant(st: &AppState, row: &AttachmentRow, quality: Quality) -> ApiResult<Option<(String, Quality)>> {
     let made = st.actors.attachments.variant(row.sha256.clone(), quality).await?;
-    Ok(made.map(|p| (p, quality)))
+    Ok(made.map(|key| (key, quality)))
 }
 
-/// Streams `path` with conditional and range handling (docs/api.md §10.3); memory stays flat.
+/// Streams `key` with conditional and range handling (docs/api.md §10.3); memory stays flat.
 async fn serve_file(
+    st: &AppState,
     req: &HttpRequest,
-    path: &Path,
+    key: &str,
+    size: u64,
     etag: &str,
     row: &AttachmentRow,
 ) -> ApiResult<HttpResponse> {
-    let gone = |e: std::io::Error| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            ApiError::not_found("Attachment not found")
-        } else {
-            ApiError::internal(e)
-        }
-    };
-    let mut file = tokio::fs::File::open(path).await.map_err(gone)?;
-    let size = file.metadata().await?.len();
     if rules::none_match(header_str(req, "if-none-match"), etag) {
         return Ok(HttpResponse::NotModified()
             .insert_header((header::ETAG, etag))
@@ -308,10 +296,11 @@ async fn serve_file(
         RangeAnswer::Partial { start, end } => (start, end - start + 1),
         _ => (0, size),
     };
-    if start > 0 {
-        file.seek(std::io::SeekFrom::Start(start)).await?;
-    }
-    let body = tokio_util::io::ReaderStream::with_capacity(file.take(len), 64 * 1024);
+    let range = (start > 0 || len < size).then_some(start..start + len);
+    let body = st.storage.attachments.get(key, range).await.map_err(|e| match e {
+        crate::storage::StorageError::NotFound(_) => ApiError::not_found("Attachment not found"),
+        other => other.into(),
+    })?;
     let content_type = HeaderValue::from_str(&row.content_type)
         .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
     res.insert_header((header::CONTENT_TYPE, content_type))
@@ -473,7 +462,7 @@ pub async fn export_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpR
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     let (_, rows) = attachments::changes_after(&st.pool.get().await?, 0).await?;
-    let stream = attachment_store::zip_stream(blob_paths(st), rows);
+    let stream = attachment_store::zip_stream(st.storage.attachments.clone(), rows);
     Ok(HttpResponse::Ok()
         .content_type("application/zip")
         .insert_header((header::CONTENT_DISPOSITION, "attachment; filename=\"attachments.zip\""))

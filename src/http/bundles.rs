@@ -69,6 +69,11 @@ async fn resolve(st: &AppState, target: Target) -> ApiResult<Arc<VersionInfo>> {
     st.actors.bundles.resolve(target).await
 }
 
+/// For routes that read the version's files: they are on this node's disk once this returns.
+async fn resolve_files(st: &AppState, target: Target) -> ApiResult<Arc<VersionInfo>> {
+    st.actors.bundles.resolve_files(target).await
+}
+
 // ---- uploads ----
 
 /// The upload file until it is handed to the actor; removed if the request ends first.
@@ -380,7 +385,7 @@ pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     let path = path_param(&req, "path")?;
     check_download_path(&path)?;
     let (target, preview, pinned) = download_target(&query(&req)?);
-    let info = resolve(st, target).await?;
+    let info = resolve_files(st, target).await?;
     let file = info
         .file(&path)
         .ok_or_else(|| ApiError::not_found(format!("File '{path}' not found in the app bundle")))?;
@@ -420,7 +425,7 @@ pub async fn download_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     let (target, preview, pinned) = download_target(&query(&req)?);
-    let info = resolve(st, target).await?;
+    let info = resolve_files(st, target).await?;
     let matched = if_none_match(&req, &info.manifest.hash);
     let mut builder = if matched { HttpResponse::NotModified() } else { HttpResponse::Ok() };
     builder.insert_header((header::ETAG, quoted(&info.manifest.hash)));
@@ -454,8 +459,8 @@ pub async fn changes(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
         Some(version) if !version.is_empty() => Target::Version(version),
         _ => fallback,
     };
-    let current = resolve(st, pick("current", Target::Active)).await?;
-    let target = resolve(st, pick("target", Target::Newest)).await?;
+    let current = resolve_files(st, pick("current", Target::Active)).await?;
+    let target = resolve_files(st, pick("target", Target::Newest)).await?;
     let body = web::block(move || {
         let a = VersionView::load(&current.manifest, &current.dir)?;
         let b = VersionView::load(&target.manifest, &target.dir)?;

@@ -41,6 +41,13 @@ async fn database_answers(st: &AppState) -> bool {
     matches!(tokio::time::timeout(Duration::from_secs(2), probe).await, Ok(Some(_)))
 }
 
+async fn storage_answers(st: &AppState) -> &'static str {
+    match tokio::time::timeout(Duration::from_secs(2), st.storage.check()).await {
+        Ok(Ok(())) => "up",
+        _ => "down",
+    }
+}
+
 /// Liveness and database check
 ///
 /// Public.
@@ -48,16 +55,19 @@ async fn database_answers(st: &AppState) -> bool {
 pub async fn health(req: HttpRequest) -> ApiResult<HttpResponse> {
     let st = state(&req)?;
     let now = time::format(Utc::now());
-    if database_answers(st).await {
+    let (database, storage) = futures_util::join!(database_answers(st), storage_answers(st));
+    if database {
         Ok(HttpResponse::Ok().json(Health {
             database: "up",
             status: "OK",
+            storage,
             timestamp: now,
             version: SERVER_VERSION,
         }))
     } else {
         Err(ApiError::unavailable("health check: database did not answer within 2 s")
             .with_extra("database", "down")
+            .with_extra("storage", storage)
             .with_extra("timestamp", now)
             .with_extra("version", SERVER_VERSION))
     }

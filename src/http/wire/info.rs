@@ -18,6 +18,8 @@ pub struct ServiceDescriptor {
 pub struct Health {
     pub database: &'static str,
     pub status: &'static str,
+    /// `up` or `down`: whether the file storage answers (docs/api.md §18.1); never makes /health fail.
+    pub storage: &'static str,
     #[schema(format = DateTime)]
     pub timestamp: String,
     pub version: &'static str,
@@ -109,7 +111,7 @@ mod tests {
             service: "",
             version: "",
         });
-        assert_map_order(&Health { database: "", status: "", timestamp: String::new(), version: "" });
+        assert_map_order(&Health { database: "", status: "", storage: "", timestamp: String::new(), version: "" });
         assert_map_order(&Version {
             build: BuildInfo { build_time: "", commit: "", go_version: "" },
             build_time: "",
