@@ -80,7 +80,11 @@ async fn raw_status(app: &TestApp, method: &str, target: &str, token: &str) -> u
 
 #[actix_web::test]
 async fn raw_and_multipart_uploads_round_trip() {
-    let app = TestApp::spawn().await;
+    raw_and_multipart_uploads_round_trip_on(TestApp::spawn().await).await;
+}
+
+/// Also run against the S3 backend (tests/api/storage.rs).
+pub(crate) async fn raw_and_multipart_uploads_round_trip_on(app: TestApp) {
     let admin = app.admin_token().await;
 
     let raw = random_bytes(300_000);
@@ -170,7 +174,11 @@ async fn raw_and_multipart_uploads_round_trip() {
 
 #[actix_web::test]
 async fn reuploads_are_idempotent_and_conflicts_keep_the_stored_bytes() {
-    let app = TestApp::spawn().await;
+    reuploads_are_idempotent_and_conflicts_keep_the_stored_bytes_on(TestApp::spawn().await).await;
+}
+
+/// Also run against the S3 backend (tests/api/storage.rs).
+pub(crate) async fn reuploads_are_idempotent_and_conflicts_keep_the_stored_bytes_on(app: TestApp) {
     let admin = app.admin_token().await;
     let bytes = random_bytes(20_000);
     let (status, first) = app.put_bytes(&admin, "/attachments/a.bin", &bytes, None).await;

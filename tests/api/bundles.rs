@@ -46,7 +46,11 @@ async fn manifest_version(app: &TestApp, token: &str) -> Option<String> {
 
 #[actix_web::test]
 async fn upstream_bundles_push_switch_changes_and_downloads() {
-    let app = TestApp::spawn().await;
+    upstream_bundles_push_switch_changes_and_downloads_on(TestApp::spawn().await).await;
+}
+
+/// Also run against the S3 backend (tests/api/storage.rs).
+pub(crate) async fn upstream_bundles_push_switch_changes_and_downloads_on(app: TestApp) {
     let admin = app.admin_token().await;
 
     let (status, body) = app.call(Method::GET, "/app-bundle/manifest", Some(&admin), None).await;
@@ -384,7 +388,11 @@ async fn bad_uploads_and_roles() {
 
 #[actix_web::test]
 async fn retention_keeps_the_active_and_newest_and_never_reuses_ids() {
-    let app = TestApp::spawn_with(&[("MAX_VERSIONS_KEPT", "2")]).await;
+    retention_keeps_the_active_and_newest_and_never_reuses_ids_on(TestApp::spawn_with(&[("MAX_VERSIONS_KEPT", "2")]).await).await;
+}
+
+/// Also run against the S3 backend (tests/api/storage.rs).
+pub(crate) async fn retention_keeps_the_active_and_newest_and_never_reuses_ids_on(app: TestApp) {
     let admin = app.admin_token().await;
     let ids = ["20240101-000001", "20240101-000002", "20240101-000003", "20240101-000004"];
     app.push_bundle(&admin, small_bundle(ids[0], "a"), true).await;
@@ -396,10 +404,11 @@ async fn retention_keeps_the_active_and_newest_and_never_reuses_ids() {
     let listed: Vec<&str> =
         body["versions"].as_array().expect("list").iter().filter_map(|v| v["version"].as_str()).collect();
     assert_eq!(listed, [ids[3], ids[0]], "newest first; the active one survives");
-    let versions_dir = app.data_root.path().join("app-bundles").join("versions");
+    // Checked in the storage area, whichever the backend.
+    let stored = &app.state.storage.bundles;
     for removed in [ids[1], ids[2]] {
-        assert!(!versions_dir.join(removed).exists());
-        assert!(!versions_dir.join(format!("{removed}.zip")).exists());
+        assert!(stored.list(&format!("versions/{removed}/")).await.expect("list").is_empty());
+        assert_eq!(stored.head(&format!("versions/{removed}.zip")).await.expect("head"), None);
         let (status, body) = app
             .call(
                 Method::GET,
@@ -416,7 +425,7 @@ async fn retention_keeps_the_active_and_newest_and_never_reuses_ids() {
     // The id of a removed version is never handed out again.
     let body = app.push_bundle(&admin, small_bundle(ids[1], "again"), false).await;
     assert_eq!(body["version"], format!("{}-2", ids[1]));
-    assert!(versions_dir.join(ids[0]).is_dir());
+    assert!(!stored.list(&format!("versions/{}/", ids[0])).await.expect("list").is_empty());
 }
 
 #[actix_web::test]

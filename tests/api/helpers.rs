@@ -22,6 +22,9 @@ use synkronus::config::Config;
 use synkronus::db::embedded::EmbeddedPostgres;
 use synkronus::startup::Application;
 
+mod s3;
+pub use s3::S3Server;
+
 pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
 pub const ADMIN_PASSWORD: &str = "admin-password-1";
 /// bcrypt's lowest cost: a test server's hashes take microseconds instead of a quarter second.
@@ -293,6 +296,8 @@ pub struct TestApp {
     pub data_root: tempfile::TempDir,
     pub handle: actix_web::dev::ServerHandle,
     pub state: synkronus::state::AppState,
+    /// The object store of a server started by [`TestApp::with_s3`].
+    pub s3: Option<S3Server>,
 }
 
 impl Deref for TestApp {
@@ -362,7 +367,20 @@ impl TestApp {
             data_root,
             handle,
             state,
+            s3: None,
         }
+    }
+
+    /// A server whose files live in a fresh bucket of its own S3-compatible server.
+    pub async fn with_s3(overrides: &[(&str, &str)]) -> TestApp {
+        let s3 = S3Server::start().await;
+        let bucket = s3.bucket().await;
+        let mut env = s3.env(&bucket);
+        env.extend(overrides.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut app = Self::spawn_with(&pairs).await;
+        app.s3 = Some(s3);
+        app
     }
 
     /// Moves this server's clock forward: tokens, export files and rate buckets age at once.

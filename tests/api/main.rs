@@ -20,5 +20,6 @@ mod openapi;
 mod portal;
 mod resilience;
 mod stats;
+mod storage;
 mod sync;
 mod users;

@@ -44,8 +44,11 @@ pub(super) struct BundleFiles {
 
 impl BundleFiles {
     pub(super) fn new(config: &crate::config::Config, area: Area) -> anyhow::Result<Self> {
-        let cache = match area {
-            Area::Local(_) => None,
+        let cache = match &area {
+            Area::Local(root) => {
+                std::fs::create_dir_all(root.join("versions"))?;
+                None
+            }
             Area::Object(_) => {
                 let root = config.data_root.join("bundle-cache");
                 Some(Arc::new(BundleCache::open(root, config.bundle_cache_bytes, area.clone())?))

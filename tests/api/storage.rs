@@ -1,0 +1,223 @@
+//! File storage (docs/api.md §18.1): the storage interface's contract on both backends, the
+//! attachment and bundle API on S3 (moto's server on loopback), and an object-store outage.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use synkronus::config::Config;
+use synkronus::storage::{Area, Storage, StorageError, StorageUrl};
+
+use crate::helpers::{small_bundle, test_env, S3Server, TestApp};
+
+fn config(env: &[(String, String)]) -> Config {
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let vars = test_env("postgres://unused", std::path::Path::new("/tmp/unused"), &pairs);
+    Config::from_lookup(|k| vars.get(k).cloned()).expect("config")
+}
+
+fn storage_at(env: &[(String, String)]) -> Storage {
+    let config = config(env);
+    Storage::at(config.storage_url.as_ref(), &config.aws, &config).expect("storage")
+}
+
+async fn read(area: &Area, key: &str, range: Option<std::ops::Range<u64>>) -> Vec<u8> {
+    use futures_util::TryStreamExt;
+    let stream = area.get(key, range).await.expect("get");
+    let chunks: Vec<Bytes> = stream.try_collect().await.expect("body");
+    chunks.concat()
+}
+
+/// What every backend promises: create-only writes visible whole, ranges, listings, deletes.
+async fn contract(area: &Area) {
+    let scratch = tempfile::tempdir().expect("scratch");
+    // Missing keys.
+    assert_eq!(area.head("a/missing").await.expect("head"), None);
+    assert!(matches!(area.get("a/missing", None).await.err(), Some(StorageError::NotFound(_))));
+    area.delete("a/missing").await.expect("deleting nothing is fine");
+
+    // Conditional create: the second write of a key is refused and the first bytes stay.
+    area.put_bytes("a/one", Bytes::from_static(b"first")).await.expect("put");
+    let again = area.put_bytes("a/one", Bytes::from_static(b"other")).await;
+    assert!(matches!(again, Err(StorageError::AlreadyExists(_))), "{again:?}");
+    assert_eq!(read(area, "a/one", None).await, b"first");
+
+    // A big file goes up in parts and comes back whole; ranges give exact bytes.
+    let big: Vec<u8> = (0..9 * 1024 * 1024 + 17).map(|i| (i * 7 % 251) as u8).collect();
+    let src = scratch.path().join("big");
+    std::fs::write(&src, &big).expect("write");
+    area.put_file("b/big", &src).await.expect("put big");
+    assert_eq!(area.head("b/big").await.expect("head"), Some(big.len() as u64));
+    assert!(read(area, "b/big", None).await == big);
+    assert!(read(area, "b/big", Some(1000..5000)).await == big[1000..5000]);
+    let again = area.put_file("b/big", &src).await;
+    assert!(matches!(again, Err(StorageError::AlreadyExists(_))), "{again:?}");
+
+    // A folder goes up as one prefix; listings see whole files only.
+    let dir = scratch.path().join("dir");
+    std::fs::create_dir_all(dir.join("sub")).expect("dir");
+    std::fs::write(dir.join("x.txt"), b"x").expect("x");
+    std::fs::write(dir.join("sub").join("y.txt"), b"yy").expect("y");
+    area.put_dir("v/1/", &dir).await.expect("put dir");
+    let mut keys: Vec<(String, u64)> =
+        area.list("v/").await.expect("list").into_iter().map(|e| (e.key, e.size)).collect();
+    keys.sort();
+    assert_eq!(keys, vec![("v/1/sub/y.txt".to_string(), 2), ("v/1/x.txt".to_string(), 1)]);
+    assert_eq!(area.list("a/o").await.expect("list").len(), 1, "a name's beginning lists too");
+
+    // Deletes.
+    area.delete("a/one").await.expect("delete");
+    assert_eq!(area.head("a/one").await.expect("head"), None);
+    area.delete_prefix("v/").await.expect("delete prefix");
+    assert!(area.list("v/").await.expect("list").is_empty());
+    // A fetched copy appears whole.
+    let copy = scratch.path().join("copy");
+    area.fetch_to("b/big", &copy).await.expect("fetch");
+    assert!(std::fs::read(&copy).expect("copy") == big);
+}
+
+#[actix_web::test]
+async fn the_storage_contract_holds_on_local_folders() {
+    let root = tempfile::tempdir().expect("root");
+    let url = format!("file://{}", root.path().display());
+    let storage = storage_at(&[("STORAGE_URL".into(), url)]);
+    contract(&storage.attachments).await;
+    // Today's layout: keys are relative paths under the area's folder.
+    storage.attachments.put_bytes("blobs/ab/abc", Bytes::from_static(b"z")).await.expect("put");
+    assert!(root.path().join("attachments/blobs/ab/abc").is_file());
+}
+
+#[actix_web::test]
+async fn the_storage_contract_holds_on_s3_and_an_outage_is_an_error_within_10_s() {
+    let mut s3 = S3Server::start().await;
+    let bucket = s3.bucket().await;
+    let mut env = s3.env(&bucket);
+    env.retain(|(k, _)| k != "STORAGE_URL");
+    env.push(("STORAGE_URL".into(), format!("s3://{bucket}/some/prefix")));
+    let storage = storage_at(&env);
+    storage.check().await.expect("the bucket answers");
+    contract(&storage.bundles).await;
+
+    // A bucket that does not exist is named.
+    let mut missing = env.clone();
+    missing.push(("STORAGE_URL".into(), "s3://no-such-bucket".into()));
+    let err = storage_at(&missing).check_at_start().await.expect_err("missing bucket");
+    assert!(err.to_string().starts_with("STORAGE_URL: "), "{err}");
+
+    s3.stop();
+    let started = Instant::now();
+    let err = storage.bundles.head("x").await.expect_err("store stopped");
+    assert!(err.is_unavailable(), "{err}");
+    let err = storage.bundles.put_bytes("x", Bytes::from_static(b"x")).await.expect_err("store stopped");
+    assert!(err.is_unavailable(), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+}
+
+#[test]
+fn bad_storage_urls_refuse_to_start_naming_the_variable() {
+    for bad in ["ftp://x", "s3://", "file://relative/path"] {
+        let vars = test_env("postgres://unused", std::path::Path::new("/tmp"), &[("STORAGE_URL", bad)]);
+        let err = Config::from_lookup(|k| vars.get(k).cloned()).err().expect("refused");
+        assert!(err.to_string().starts_with("STORAGE_URL: "), "{err}");
+    }
+    let vars = test_env("postgres://unused", std::path::Path::new("/tmp"), &[("STORAGE_URL", "s3://b-1/p")]);
+    let config = Config::from_lookup(|k| vars.get(k).cloned()).expect("config");
+    assert_eq!(config.storage_url, Some(StorageUrl::S3 { bucket: "b-1".into(), prefix: "p/".into() }));
+}
+
+#[actix_web::test]
+async fn attachment_uploads_and_downloads_on_s3() {
+    crate::attachments::raw_and_multipart_uploads_round_trip_on(TestApp::with_s3(&[]).await).await;
+}
+
+#[actix_web::test]
+async fn attachment_reuploads_and_conflicts_on_s3() {
+    crate::attachments::reuploads_are_idempotent_and_conflicts_keep_the_stored_bytes_on(
+        TestApp::with_s3(&[]).await,
+    )
+    .await;
+}
+
+#[actix_web::test]
+async fn bundle_push_switch_and_downloads_on_s3() {
+    crate::bundles::upstream_bundles_push_switch_changes_and_downloads_on(TestApp::with_s3(&[]).await).await;
+}
+
+#[actix_web::test]
+async fn bundle_retention_on_s3() {
+    let app = TestApp::with_s3(&[("MAX_VERSIONS_KEPT", "2")]).await;
+    crate::bundles::retention_keeps_the_active_and_newest_and_never_reuses_ids_on(app).await;
+}
+
+async fn status_within(app: &TestApp, method: Method, path: &str, token: &str, limit: Duration) -> u16 {
+    let started = Instant::now();
+    let status = app.send(method, path, Some(token), None).await.status().as_u16();
+    assert!(started.elapsed() < limit, "{path} took {:?}", started.elapsed());
+    status
+}
+
+#[actix_web::test]
+async fn an_object_store_outage_gives_503s_keeps_sync_and_cached_bundles_and_recovers() {
+    let mut app = TestApp::with_s3(&[]).await;
+    let admin = app.admin_token().await;
+    let (status, _) = app.put_bytes(&admin, "/attachments/a.bin", b"attached", None).await;
+    assert_eq!(status, StatusCode::OK);
+    app.push_bundle(&admin, small_bundle("20250101-000001", "cached"), true).await;
+    let (_, body) = app.call(Method::GET, "/health", None, None).await;
+    assert_eq!(body["storage"], "up", "{body}");
+
+    let port = app.s3.as_ref().expect("s3").port;
+    app.s3.as_mut().expect("s3").stop();
+
+    // Routes that need the store: 503, quickly, never a 500 or a hang.
+    let limit = Duration::from_secs(10);
+    assert_eq!(status_within(&app, Method::GET, "/attachments/a.bin", &admin, limit).await, 503);
+    let started = Instant::now();
+    let (status, body) = app.put_bytes(&admin, "/attachments/b.bin", b"new", None).await;
+    assert_eq!(status.as_u16(), 503, "{body}");
+    assert_eq!(body["code"], "SERVICE_UNAVAILABLE");
+    assert!(started.elapsed() < limit);
+    let (_, body) = app.call(Method::GET, "/health", None, None).await;
+    assert_eq!((body["status"].as_str(), body["storage"].as_str()), (Some("OK"), Some("down")), "{body}");
+
+    // Sync does not need the store.
+    let push = json!({"transmission_id": "t-1", "client_id": "c", "records": [
+        {"observation_id": "o-1", "form_type": "ft", "form_version": "1", "data": {"k": 1}}]});
+    let (status, body) = app.push(&admin, push).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (records, _) = app.pull_all(&admin, "c2", 0, 100).await;
+    assert_eq!(records.len(), 1);
+
+    // The active bundle version is served from this node's cache.
+    let (_, body) = app.call(Method::GET, "/app-bundle/manifest", Some(&admin), None).await;
+    assert_eq!(body["version"], "20250101-000001", "{body}");
+    let (status, _, bytes) = app.get_bytes(&admin, "/app-bundle/download/app/index.html").await;
+    assert_eq!((status, bytes), (StatusCode::OK, b"<html>cached</html>".to_vec()));
+    let (status, _, zip) = app.get_bytes(&admin, "/app-bundle/download-zip").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(zip, small_bundle("20250101-000001", "cached"));
+
+    // Back again (a new, empty store at the same address): uploads work at once.
+    let restarted = S3Server::start_on(port).await;
+    let bucket = bucket_of(&app);
+    let status = reqwest::Client::new()
+        .put(format!("{}/{bucket}", restarted.endpoint))
+        .send()
+        .await
+        .expect("bucket")
+        .status();
+    assert!(status.is_success());
+    let (status, body) = app.put_bytes(&admin, "/attachments/b.bin", b"new", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _, bytes) = app.get_bytes(&admin, "/attachments/b.bin").await;
+    assert_eq!((status, bytes), (StatusCode::OK, b"new".to_vec()));
+    app.s3 = Some(restarted);
+}
+
+fn bucket_of(app: &TestApp) -> String {
+    match app.state.config.storage_url.as_ref() {
+        Some(StorageUrl::S3 { bucket, .. }) => bucket.clone(),
+        _ => panic!("not on S3"),
+    }
+}
