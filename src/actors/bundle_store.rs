@@ -246,7 +246,12 @@ impl BundleStore {
     }
 
     fn job(&self) -> Job {
-        Job { pool: self.pool.clone(), root: self.root.clone(), files: self.files.clone(), cache: self.cache.clone() }
+        Job {
+            pool: self.pool.clone(),
+            root: self.root.clone(),
+            files: self.files.clone(),
+            cache: self.cache.clone(),
+        }
     }
 }
 

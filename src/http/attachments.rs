@@ -248,14 +248,22 @@ pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     let (key, etag, size) = match variant {
         Some((key, q)) => {
             let size = st.storage.attachments.head(&key).await?;
-            (key, rules::etag(&row.sha256, Some(q)), size.ok_or_else(|| ApiError::not_found("Attachment not found"))?)
+            (
+                key,
+                rules::etag(&row.sha256, Some(q)),
+                size.ok_or_else(|| ApiError::not_found("Attachment not found"))?,
+            )
         }
         None => (attachment_store::blob_key(&row.sha256), rules::etag(&row.sha256, None), row.size as u64),
     };
     serve_file(st, &req, &key, size, &etag, &row).await
 }
 
-async fn variant(st: &AppState, row: &AttachmentRow, quality: Quality) -> ApiResult<Option<(String, Quality)>> {
+async fn variant(
+    st: &AppState,
+    row: &AttachmentRow,
+    quality: Quality,
+) -> ApiResult<Option<(String, Quality)>> {
     let made = st.actors.attachments.variant(row.sha256.clone(), quality).await?;
     Ok(made.map(|key| (key, quality)))
 }

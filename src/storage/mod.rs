@@ -187,9 +187,18 @@ impl Storage {
             Some(StorageUrl::S3 { bucket, prefix }) => {
                 let (store, reader) = object::connect(bucket, aws)?;
                 let area = |name: &str| {
-                    Area::Object(ObjectArea::new(store.clone(), reader.clone(), bucket, &format!("{prefix}{name}/")))
+                    Area::Object(ObjectArea::new(
+                        store.clone(),
+                        reader.clone(),
+                        bucket,
+                        &format!("{prefix}{name}/"),
+                    ))
                 };
-                Storage { attachments: area("attachments"), bundles: area("app-bundles"), exports: area("exports") }
+                Storage {
+                    attachments: area("attachments"),
+                    bundles: area("app-bundles"),
+                    exports: area("exports"),
+                }
             }
         })
     }

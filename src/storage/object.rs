@@ -28,7 +28,10 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Builds two clients of one bucket: `store` for bounded calls, `reader` without a total time
 /// limit for streaming downloads (its pieces are bounded by [`STALL_TIMEOUT`] instead).
-pub(super) fn connect(bucket: &str, aws: &AwsSettings) -> anyhow::Result<(Arc<dyn ObjectStore>, Arc<dyn ObjectStore>)> {
+pub(super) fn connect(
+    bucket: &str,
+    aws: &AwsSettings,
+) -> anyhow::Result<(Arc<dyn ObjectStore>, Arc<dyn ObjectStore>)> {
     let retry = RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(100),
@@ -61,7 +64,8 @@ pub(super) fn connect(bucket: &str, aws: &AwsSettings) -> anyhow::Result<(Arc<dy
         Ok(Arc::new(store))
     };
     let connect = Duration::from_secs(3);
-    let store = build(ClientOptions::new().with_connect_timeout(connect).with_timeout(Duration::from_secs(60)))?;
+    let store =
+        build(ClientOptions::new().with_connect_timeout(connect).with_timeout(Duration::from_secs(60)))?;
     let reader = build(ClientOptions::new().with_connect_timeout(connect).with_timeout_disabled())?;
     Ok((store, reader))
 }
@@ -231,7 +235,8 @@ impl ObjectArea {
 
     /// A listing of at most one key: the bucket exists and answers.
     pub(super) async fn check(&self) -> StorageResult<()> {
-        let probe = self.store.list(Some(&ObjectPath::from(self.prefix.as_str()))).take(1).try_collect::<Vec<_>>();
+        let probe =
+            self.store.list(Some(&ObjectPath::from(self.prefix.as_str()))).take(1).try_collect::<Vec<_>>();
         match bounded(probe).await {
             Ok(_) => Ok(()),
             Err(StorageError::Unavailable(msg)) if msg.contains("NoSuchBucket") => {

@@ -388,7 +388,10 @@ async fn bad_uploads_and_roles() {
 
 #[actix_web::test]
 async fn retention_keeps_the_active_and_newest_and_never_reuses_ids() {
-    retention_keeps_the_active_and_newest_and_never_reuses_ids_on(TestApp::spawn_with(&[("MAX_VERSIONS_KEPT", "2")]).await).await;
+    retention_keeps_the_active_and_newest_and_never_reuses_ids_on(
+        TestApp::spawn_with(&[("MAX_VERSIONS_KEPT", "2")]).await,
+    )
+    .await;
 }
 
 /// Also run against the S3 backend (tests/api/storage.rs).

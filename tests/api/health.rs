@@ -39,9 +39,10 @@ async fn descriptor_health_ready_versions() {
     for prefix in ["", "/api", "/api/v1"] {
         let (status, body) = app.call(Method::GET, &format!("{prefix}/health"), None, None).await;
         assert_eq!(status, StatusCode::OK);
-        assert_eq!(keys(&body), ["database", "status", "timestamp", "version"]);
+        assert_eq!(keys(&body), ["database", "status", "storage", "timestamp", "version"]);
         assert_eq!(body["status"], "OK");
         assert_eq!(body["database"], "up");
+        assert_eq!(body["storage"], "up");
         assert_eq!(body["version"], VERSION);
         assert_utc_timestamp(&body["timestamp"]);
 

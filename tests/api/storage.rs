@@ -118,7 +118,7 @@ async fn the_storage_contract_holds_on_s3_and_an_outage_is_an_error_within_10_s(
 fn bad_storage_urls_refuse_to_start_naming_the_variable() {
     for bad in ["ftp://x", "s3://", "file://relative/path"] {
         let vars = test_env("postgres://unused", std::path::Path::new("/tmp"), &[("STORAGE_URL", bad)]);
-        let err = Config::from_lookup(|k| vars.get(k).cloned()).err().expect("refused");
+        let err = Config::from_lookup(|k| vars.get(k).cloned()).expect_err("refused");
         assert!(err.to_string().starts_with("STORAGE_URL: "), "{err}");
     }
     let vars = test_env("postgres://unused", std::path::Path::new("/tmp"), &[("STORAGE_URL", "s3://b-1/p")]);

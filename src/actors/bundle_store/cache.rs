@@ -57,7 +57,13 @@ impl BundleCache {
                 }
             }
         }
-        Ok(BundleCache { root, limit, area, entries: std::sync::Mutex::new(entries), fetching: Default::default() })
+        Ok(BundleCache {
+            root,
+            limit,
+            area,
+            entries: std::sync::Mutex::new(entries),
+            fetching: Default::default(),
+        })
     }
 
     pub(super) fn root(&self) -> &Path {
@@ -108,7 +114,13 @@ impl BundleCache {
     }
 
     /// Takes in a version this node has just stored (its unpacked folder and its ZIP).
-    pub(super) async fn adopt(&self, info: &VersionInfo, staging: &Path, upload: &Path, active: Option<&str>) {
+    pub(super) async fn adopt(
+        &self,
+        info: &VersionInfo,
+        staging: &Path,
+        upload: &Path,
+        active: Option<&str>,
+    ) {
         let dir = version_dir(&self.root, &info.version);
         let moved = async {
             let _ = tokio::fs::remove_dir_all(&dir).await;

@@ -85,7 +85,13 @@ impl BundleFiles {
     }
 
     /// After the commit: the cache takes the staged copy; what is left of the upload goes.
-    pub(super) async fn committed(&self, info: &VersionInfo, staging: &Path, upload: &Path, active: Option<&str>) {
+    pub(super) async fn committed(
+        &self,
+        info: &VersionInfo,
+        staging: &Path,
+        upload: &Path,
+        active: Option<&str>,
+    ) {
         if let Some(cache) = &self.cache {
             cache.adopt(info, staging, upload, active).await;
         }

@@ -111,7 +111,13 @@ mod tests {
             service: "",
             version: "",
         });
-        assert_map_order(&Health { database: "", status: "", storage: "", timestamp: String::new(), version: "" });
+        assert_map_order(&Health {
+            database: "",
+            status: "",
+            storage: "",
+            timestamp: String::new(),
+            version: "",
+        });
         assert_map_order(&Version {
             build: BuildInfo { build_time: "", commit: "", go_version: "" },
             build_time: "",
