@@ -84,11 +84,11 @@ impl VersionInfo {
     }
 }
 
-fn version_dir(root: &Path, version: &str) -> PathBuf {
+pub fn version_dir(root: &Path, version: &str) -> PathBuf {
     root.join("versions").join(version)
 }
 
-fn zip_path(root: &Path, version: &str) -> PathBuf {
+pub fn zip_path(root: &Path, version: &str) -> PathBuf {
     root.join("versions").join(format!("{version}.zip"))
 }
 
