@@ -236,6 +236,8 @@ async fn load(
     let tx = db::backup::load_transaction(&mut client).await?;
     let target_tables = db::backup::tables(&tx).await?;
     let foreign_keys = db::backup::foreign_keys(&tx).await?;
+    // Devices of a replaced repository may hold a higher generation than the archive's.
+    let replaced = db::records::head_and_generation(&tx).await?.repository_generation;
     db::backup::truncate(&tx, &target_tables).await?;
     let mut archive = open(input).map_err(anyhow::Error::msg)?;
     let names: Vec<String> = manifest.tables.iter().map(|t| t.name.clone()).collect();
@@ -254,7 +256,7 @@ async fn load(
             db::backup::set_sequence(&tx, &sequence).await?;
         }
     }
-    let generation = db::backup::raise_generation(&tx).await?;
+    let generation = db::backup::raise_generation(&tx, replaced).await?;
     let (stage, owned) = (staging.clone(), config.clone());
     tokio::task::spawn_blocking(move || stage.move_into_place(&owned)).await??;
     tx.commit().await.context("committing the restored database")?;

@@ -219,13 +219,14 @@ pub async fn set_sequence(db: &Transaction<'_>, sequence: &Sequence) -> DbResult
     Ok(())
 }
 
-/// Raises the repository generation (API.md 17.2) and returns the new one.
-pub async fn raise_generation(db: &Transaction<'_>) -> DbResult<i64> {
+/// Raises the repository generation (API.md 17.2) above both the restored one and `replaced`
+/// (the target's before the restore), and returns it.
+pub async fn raise_generation(db: &Transaction<'_>, replaced: i64) -> DbResult<i64> {
     Ok(db
         .query_one(
-            "UPDATE change_head SET repository_generation = repository_generation + 1
+            "UPDATE change_head SET repository_generation = greatest(repository_generation, $1) + 1
              RETURNING repository_generation",
-            &[],
+            &[&replaced],
         )
         .await?
         .get(0))

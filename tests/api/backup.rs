@@ -373,6 +373,10 @@ async fn a_non_empty_target_is_refused_unless_forced() {
     std::fs::create_dir_all(&root).expect("root");
     let mut other = ChildServer::start(&target, &root, scratch.path().join("log"), &[]).await;
     let other_admin = other.admin_token().await;
+    let reset = json!({"confirm": "RESET_REPOSITORY"});
+    let (status, body) =
+        other.call(Method::POST, "/admin/repository/reset", Some(&other_admin), Some(reset)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     let (status, _) = other
         .push(
             &other_admin,
@@ -383,6 +387,11 @@ async fn a_non_empty_target_is_refused_unless_forced() {
     assert_eq!(status, StatusCode::OK);
     let (status, _) = other.put_bytes(&other_admin, "/attachments/theirs.bin", &[1u8; 100], None).await;
     assert!(status.is_success());
+    // Not while that server runs.
+    assert_refused(
+        &synkronus(&["restore", "--input", arg, "--force"], &target, &root).await,
+        "stop the server",
+    );
     other.terminate(Duration::from_secs(30)).await;
 
     let run = synkronus(&["restore", "--input", arg], &target, &root).await;
@@ -394,8 +403,95 @@ async fn a_non_empty_target_is_refused_unless_forced() {
     assert_eq!(scalar(&target, "SELECT count(*) FROM records WHERE id = 'theirs'").await, 0);
     assert_eq!(scalar(&target, "SELECT count(*) FROM records WHERE id = 'kept'").await, 1);
     assert_eq!(scalar(&target, "SELECT count(*) FROM attachments").await, 0);
+    // Above the archive's generation (1) and the replaced repository's (2, after its reset).
+    assert_eq!(scalar(&target, "SELECT repository_generation FROM change_head").await, 3);
     assert!(
         files_under(&root.join("attachments").join("blobs")).is_empty(),
         "the replaced repository's files are gone"
     );
+}
+
+/// Copies the archive at `src` to `dst` with its manifest edited, sealed again as `backup` does.
+fn with_edited_manifest(src: &Path, dst: &Path, edit: impl FnOnce(&mut Value)) {
+    use sha2::Digest;
+    use std::io::{Read, Write};
+    let mut archive = zip::ZipArchive::new(std::fs::File::open(src).expect("open")).expect("zip");
+    let mut out = zip::ZipWriter::new(std::fs::File::create(dst).expect("create"));
+    let mut edit = Some(edit);
+    for i in 0..archive.len() {
+        let mut entry = archive.by_index(i).expect("entry");
+        let name = entry.name().expect("name").into_owned();
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes).expect("read");
+        if name == "manifest.json" {
+            let mut manifest: Value = serde_json::from_slice(&bytes).expect("manifest");
+            (edit.take().expect("one manifest"))(&mut manifest);
+            bytes = serde_json::to_vec(&manifest).expect("json");
+        }
+        out.start_file(name, zip::write::SimpleFileOptions::default()).expect("start");
+        out.write_all(&bytes).expect("write");
+    }
+    out.set_comment(format!("synkronus-backup sha256={}", "0".repeat(64))).expect("comment");
+    out.finish().expect("finish");
+    let mut bytes = std::fs::read(dst).expect("read");
+    let covered = bytes.len() - 64;
+    let digest = hex::encode(sha2::Sha256::digest(&bytes[..covered]));
+    bytes[covered..].copy_from_slice(digest.as_bytes());
+    std::fs::write(dst, bytes).expect("seal");
+}
+
+#[actix_web::test]
+async fn an_archive_of_a_newer_schema_is_refused_and_nothing_is_written() {
+    let app = TestApp::spawn().await;
+    let dir = tempfile::tempdir().expect("archives");
+    let good = dir.path().join("good.zip");
+    assert_ok(
+        &synkronus(
+            &["backup", "--output", good.to_str().expect("utf-8")],
+            &app.db_conn,
+            app.data_root.path(),
+        )
+        .await,
+    );
+    let newer = dir.path().join("newer.zip");
+    with_edited_manifest(&good, &newer, |manifest| {
+        manifest["schema_version"] = json!(9999);
+        manifest["migrations"]
+            .as_array_mut()
+            .expect("migrations")
+            .push(json!({"version": 9999, "name": "future"}));
+    });
+    let arg = newer.to_str().expect("utf-8");
+    // Intact as an archive, but from a release this binary does not know.
+    assert_ok(&synkronus(&["backup", "--verify", arg], &app.db_conn, app.data_root.path()).await);
+    let (target, root) = new_target().await;
+    assert_refused(&synkronus(&["restore", "--input", arg], &target, root.path()).await, "V9999__future");
+    let tables = "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                  WHERE n.nspname = current_schema() AND c.relkind = 'r'";
+    assert_eq!(scalar(&target, tables).await, 0, "the target database was written");
+}
+
+/// docs/operations.md, "Going back to an older binary": a database migrated further than the
+/// binary knows stops it at start with the migration's name.
+#[actix_web::test]
+async fn an_older_binary_refuses_a_database_with_an_unknown_migration() {
+    let (target, root) = new_target().await;
+    assert_ok(&synkronus(&["migrate"], &target, root.path()).await);
+    connect(&target)
+        .await
+        .batch_execute(
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES (9999, 'future', '2030-01-01T00:00:00Z', '0')",
+        )
+        .await
+        .expect("a newer release's migration");
+    for command in ["migrate", "serve"] {
+        let run = synkronus(&[command], &target, root.path()).await;
+        assert!(!run.ok, "{command} started on an unknown schema");
+        assert!(
+            run.stderr.contains("migration V9999__future is missing from the filesystem"),
+            "{}",
+            run.stderr
+        );
+    }
 }
