@@ -489,7 +489,7 @@ async fn an_older_binary_refuses_a_database_with_an_unknown_migration() {
         let run = synkronus(&[command], &target, root.path()).await;
         assert!(!run.ok, "{command} started on an unknown schema");
         assert!(
-            run.stderr.contains("migration V9999__future is missing from the filesystem"),
+            run.stderr.contains("migrations failed: migration V9999__future is missing from the filesystem"),
             "{}",
             run.stderr
         );
