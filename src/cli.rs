@@ -28,6 +28,21 @@ pub enum Command {
     /// Statistics kept for `GET /stats/observations` and `GET /status`.
     #[command(subcommand)]
     Stats(StatsCommand),
+    /// Write a backup archive (safe while the server runs), or check one with --verify.
+    Backup {
+        #[arg(long, required_unless_present = "verify", conflicts_with = "verify")]
+        output: Option<std::path::PathBuf>,
+        #[arg(long)]
+        verify: Option<std::path::PathBuf>,
+    },
+    /// Restore a backup archive into an empty database and storage (stop the server first).
+    Restore {
+        #[arg(long)]
+        input: std::path::PathBuf,
+        /// Replace whatever the target holds.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -76,6 +91,9 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             println!("counted {} observations", result?);
             Ok(())
         }
+        Command::Backup { output: Some(output), .. } => crate::backup::create::run(&config, &output).await,
+        Command::Backup { verify, .. } => crate::backup::verify::run(&verify.unwrap_or_default()).await,
+        Command::Restore { input, force } => crate::backup::restore::run(&config, &input, force).await,
         Command::User(cmd) => {
             let (pool, embedded) = connect_and_migrate(&config).await?;
             let result = user_command(cmd, &config, &pool).await;
@@ -86,7 +104,7 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     }
 }
 
-async fn stop_if_started_here(embedded: Option<EmbeddedHandle>) -> anyhow::Result<()> {
+pub(crate) async fn stop_if_started_here(embedded: Option<EmbeddedHandle>) -> anyhow::Result<()> {
     if let Some(handle) = embedded.filter(|h| h.started_here) {
         tokio::task::spawn_blocking(move || handle.cluster.stop()).await??;
     }

@@ -22,8 +22,8 @@ use dashmap::DashMap;
 use deadpool_postgres::{GenericClient, Pool, Transaction};
 use serde_json::Value;
 
-pub use files::staging_dir;
-use files::{remove_path, remove_stale_staging, remove_unrecorded, unpack, version_dir, zip_path};
+pub use files::{staging_dir, version_dir, zip_path};
+use files::{remove_path, remove_stale_staging, remove_unrecorded, unpack};
 pub use version::VersionInfo;
 
 use crate::db;

@@ -5,6 +5,7 @@ mod helpers;
 
 mod attachments;
 mod auth;
+mod backup;
 mod bundles;
 mod cli;
 mod clients2026;

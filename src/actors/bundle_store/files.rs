@@ -12,11 +12,11 @@ use crate::domain::bundle::{build_manifest, extract, ManifestFile, ValidatedBund
 /// Staging entries older than this at start-up belong to no running upload.
 const STALE_STAGING_AGE: Duration = Duration::from_secs(6 * 3600);
 
-pub(super) fn version_dir(root: &Path, version: &str) -> PathBuf {
+pub fn version_dir(root: &Path, version: &str) -> PathBuf {
     root.join("versions").join(version)
 }
 
-pub(super) fn zip_path(root: &Path, version: &str) -> PathBuf {
+pub fn zip_path(root: &Path, version: &str) -> PathBuf {
     root.join("versions").join(format!("{version}.zip"))
 }
 
