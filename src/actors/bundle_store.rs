@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use crate::db;
 use crate::db::formspecs::Registration;
+use crate::domain::audit::{switch_action, Action, Origin};
 use crate::domain::bundle::{
     build_manifest, bundle_hash, declared_version_id, extract, validate_zip, version_id_candidates,
     version_id_from_time, BundleManifest, BundleRejection, Limits, ManifestFile, ValidatedBundle,
@@ -118,6 +119,8 @@ pub struct Push {
     pub upload: PathBuf,
     pub activate: bool,
     pub received_at: DateTime<Utc>,
+    /// Who pushes: the audit log's entries of the push, activation and retention name them.
+    pub origin: Origin,
 }
 
 #[derive(Debug)]
@@ -133,6 +136,7 @@ impl Message for Push {
 
 struct Switch {
     pub version: String,
+    pub origin: Origin,
 }
 
 #[derive(Debug)]
@@ -172,15 +176,15 @@ impl BundleStoreHandle {
     }
 
     /// Makes `version` the active one.
-    pub async fn activate(&self, version: String) -> ApiResult<SwitchOutcome> {
-        super::ask(&self.0, "bundle store", Switch { version }).await
+    pub async fn activate(&self, version: String, origin: Origin) -> ApiResult<SwitchOutcome> {
+        super::ask(&self.0, "bundle store", Switch { version, origin }).await
     }
 
     /// Registers a form spec sent through the API. The store is the one writer of `form_specs`
     /// (activating a bundle registers its forms), so both kinds of registration take the bundle
     /// lock and cannot interleave, in this process or another.
-    pub async fn register_form_spec(&self, spec: NewFormSpec) -> ApiResult<Registration> {
-        super::ask(&self.0, "bundle store", RegisterFormSpec(spec)).await
+    pub async fn register_form_spec(&self, spec: NewFormSpec, origin: Origin) -> ApiResult<Registration> {
+        super::ask(&self.0, "bundle store", RegisterFormSpec(spec, origin)).await
     }
 }
 
@@ -193,7 +197,7 @@ pub struct NewFormSpec {
     pub uischema: Value,
 }
 
-struct RegisterFormSpec(NewFormSpec);
+struct RegisterFormSpec(NewFormSpec, Origin);
 
 impl Message for RegisterFormSpec {
     type Result = ApiResult<Registration>;
@@ -202,7 +206,11 @@ impl Message for RegisterFormSpec {
 impl Handler<RegisterFormSpec> for BundleStore {
     type Result = ResponseFuture<ApiResult<Registration>>;
 
-    fn handle(&mut self, RegisterFormSpec(spec): RegisterFormSpec, _: &mut Context<Self>) -> Self::Result {
+    fn handle(
+        &mut self,
+        RegisterFormSpec(spec, origin): RegisterFormSpec,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
         let pool = self.pool.clone();
         Box::pin(async move {
             let mut client = pool.get().await?;
@@ -217,6 +225,15 @@ impl Handler<RegisterFormSpec> for BundleStore {
                 "api",
             )
             .await?;
+            // Only a new spec changes anything; an identical one is a no-op, a conflict refused.
+            if let Registration::Created(_) = &registration {
+                let details = serde_json::json!({"version": spec.version});
+                db::audit::append(
+                    &tx,
+                    &origin.entry(Action::FormSpecChanged, Some(&spec.form_type), details),
+                )
+                .await?;
+            }
             tx.commit().await?;
             Ok(registration)
         })
@@ -365,13 +382,14 @@ impl Handler<Push> for BundleStore {
         let (keep, limits) = (self.keep, self.limits.clone());
         let work = async move {
             let upload = push.upload.clone();
+            let origin = push.origin.clone();
             let result = job.push(push, limits).await;
             // Only a failed push still owns its upload; a successful one moved it into place.
             if result.is_err() {
                 let _ = tokio::fs::remove_file(&upload).await;
             }
             let (outcome, pointer) = result?;
-            job.retain(keep, &outcome.version.version).await;
+            job.retain(keep, &outcome.version.version, &origin).await;
             ApiResult::Ok((outcome, pointer))
         };
         Box::pin(work.into_actor(self).map(|result, store, _| {
@@ -387,15 +405,17 @@ impl Handler<Push> for BundleStore {
 impl Handler<Switch> for BundleStore {
     type Result = ResponseActFuture<Self, ApiResult<SwitchOutcome>>;
 
-    fn handle(&mut self, Switch { version }: Switch, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, Switch { version, origin }: Switch, _: &mut Context<Self>) -> Self::Result {
         let job = self.job();
-        Box::pin(async move { job.switch(&version).await }.into_actor(self).map(|result, store, _| {
-            let (outcome, pointer) = result?;
-            if let Some(pointer) = pointer {
-                store.apply(pointer);
-            }
-            Ok(outcome)
-        }))
+        Box::pin(async move { job.switch(&version, &origin).await }.into_actor(self).map(
+            |result, store, _| {
+                let (outcome, pointer) = result?;
+                if let Some(pointer) = pointer {
+                    store.apply(pointer);
+                }
+                Ok(outcome)
+            },
+        ))
     }
 }
 
@@ -530,7 +550,13 @@ impl Job {
             .await?;
             let mut activated = None;
             let mut warnings = Vec::new();
+            let details = serde_json::json!({"activate": push.activate, "hash": info.manifest.hash});
+            db::audit::append(&tx, &push.origin.entry(Action::BundlePushed, Some(&version), details)).await?;
             if push.activate {
+                let (previous, _) = db::bundles::active(&tx).await?;
+                let details = serde_json::json!({"previous_version": previous});
+                db::audit::append(&tx, &push.origin.entry(Action::BundleActivated, Some(&version), details))
+                    .await?;
                 let generation = db::bundles::set_active(&tx, &version).await?;
                 let forms: Vec<(String, Value, Value)> = bundle
                     .forms
@@ -559,13 +585,19 @@ impl Job {
     }
 
     /// Retention after an upload (API.md 9.3). A failure is logged: the upload itself succeeded.
-    async fn retain(&self, keep: usize, just_uploaded: &str) {
+    async fn retain(&self, keep: usize, just_uploaded: &str, origin: &Origin) {
         let result = async {
             let mut client = self.pool.get().await?;
             let tx = client.transaction().await?;
             db::bundles::lock(&tx).await?;
             let victims = db::bundles::retention_victims(&tx, keep, just_uploaded).await?;
             db::bundles::mark_removed(&tx, &victims).await?;
+            let details = serde_json::json!({"max_versions_kept": keep});
+            let entries: Vec<_> = victims
+                .iter()
+                .map(|v| origin.entry(Action::BundleVersionRemoved, Some(v), details.clone()))
+                .collect();
+            db::audit::append_all(&tx, &entries).await?;
             tx.commit().await?;
             ApiResult::Ok(victims)
         }
@@ -583,7 +615,7 @@ impl Job {
         }
     }
 
-    async fn switch(&self, version: &str) -> ApiResult<(SwitchOutcome, Option<Pointer>)> {
+    async fn switch(&self, version: &str, origin: &Origin) -> ApiResult<(SwitchOutcome, Option<Pointer>)> {
         let not_found = || ApiError::not_found(format!("App bundle version '{version}' not found"));
         let info = {
             let db = self.pool.get().await?;
@@ -617,6 +649,12 @@ impl Job {
                 SwitchOutcome { version: version.to_owned(), previous_version: previous, warnings: vec![] };
             return Ok((outcome, None));
         }
+        let goes_back = match &previous {
+            Some(previous) => db::bundles::uploaded_before(&tx, version, previous).await?,
+            None => false,
+        };
+        let details = serde_json::json!({"previous_version": previous});
+        db::audit::append(&tx, &origin.entry(switch_action(goes_back), Some(version), details)).await?;
         let generation = db::bundles::set_active(&tx, version).await?;
         let warnings = db::formspecs::register_bundle_forms(&tx, version, &forms).await?;
         tx.commit().await?;
