@@ -28,11 +28,16 @@ const WARN = new Set(['auth.sign_in_failed', 'auth.refresh_token_reused', 'repos
 /** A datetime-local value as RFC 3339 in UTC (the browser's time zone applied), or ''. */
 const toRfc3339 = (v) => (v ? new Date(v).toISOString() : '');
 
-/** Details as `key: value` pairs on one line; nested values as compact JSON. */
-function detailsText(details) {
-  const entries = Object.entries(details || {});
+/** Details as `key: value` pairs on one line; a nested object (the configuration of a server
+ * start) is summarised, and the whole of it is the cell's tooltip. */
+function details(d) {
+  const entries = Object.entries(d || {});
   if (!entries.length) return '—';
-  return entries.map(([k, v]) => `${k}: ${typeof v === 'string' ? v : JSON.stringify(v)}`).join(', ');
+  const text = entries.map(([k, v]) => {
+    if (v && typeof v === 'object' && !Array.isArray(v)) return `${k}: {${Object.keys(v).length} settings}`;
+    return `${k}: ${typeof v === 'string' ? v : JSON.stringify(v)}`;
+  });
+  return h('span', { class: 'details', title: JSON.stringify(d, null, 1) }, text.join(', '));
 }
 
 export async function render(main) {
@@ -53,7 +58,7 @@ export async function render(main) {
   const form = h(
     'form',
     { class: 'filters', onsubmit: (e) => { e.preventDefault(); load(true); } },
-    field('User name', actor, 'Who acted (or tried to sign in).').wrap,
+    field('User name', actor).wrap,
     field('Action', action).wrap,
     field('From', since).wrap,
     field('Until', until).wrap,
@@ -111,7 +116,7 @@ export async function render(main) {
           },
           { label: 'Target', cell: (e) => e.target || '—' },
           { label: 'Client IP', cell: (e) => e.client_ip || '—' },
-          { label: 'Details', cell: (e) => h('span', { class: 'details' }, detailsText(e.details)) },
+          { label: 'Details', cell: (e) => details(e.details) },
           { label: 'Request', cell: (e) => (e.request_id ? h('code', {}, e.request_id) : '—') },
           { label: 'Node', cell: (e) => e.node },
         ],
