@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::db;
 use crate::db::formspecs::Registration;
-use crate::domain::audit::{switch_action, Action, Origin};
+use crate::domain::audit::{push_entries, switch_action, Action, Origin};
 use crate::domain::bundle::{
     build_manifest, bundle_hash, declared_version_id, extract, validate_zip, version_id_candidates,
     version_id_from_time, BundleManifest, BundleRejection, Limits, ManifestFile, ValidatedBundle,
@@ -529,13 +529,7 @@ impl Job {
         let manifest_json = serde_json::to_value(&manifest).map_err(ApiError::internal)?;
         let info = Arc::new(VersionInfo::new(&self.root, created_at, manifest)?);
 
-        // A folder left by a crash between rename and commit has no row: it is an orphan.
-        for leftover in [&info.dir, &info.zip_path] {
-            if tokio::fs::symlink_metadata(leftover).await.is_ok() {
-                tracing::warn!(path = %leftover.display(), "removing an unrecorded app bundle leftover");
-                remove_path(leftover).await;
-            }
-        }
+        remove_orphans(&info).await;
         tokio::fs::rename(staging, &info.dir).await?;
         let stored = async {
             tokio::fs::rename(&push.upload, &info.zip_path).await?;
@@ -550,13 +544,11 @@ impl Job {
             .await?;
             let mut activated = None;
             let mut warnings = Vec::new();
-            let details = serde_json::json!({"activate": push.activate, "hash": info.manifest.hash});
-            db::audit::append(&tx, &push.origin.entry(Action::BundlePushed, Some(&version), details)).await?;
+            let previous = if push.activate { db::bundles::active(&tx).await?.0 } else { None };
+            let entries =
+                push_entries(&push.origin, &version, &info.manifest.hash, push.activate.then_some(previous));
+            db::audit::append_all(&tx, &entries).await?;
             if push.activate {
-                let (previous, _) = db::bundles::active(&tx).await?;
-                let details = serde_json::json!({"previous_version": previous});
-                db::audit::append(&tx, &push.origin.entry(Action::BundleActivated, Some(&version), details))
-                    .await?;
                 let generation = db::bundles::set_active(&tx, &version).await?;
                 let forms: Vec<(String, Value, Value)> = bundle
                     .forms
@@ -707,6 +699,16 @@ fn remove_stale_staging(dir: &Path) {
             if let Err(error) = removed {
                 tracing::warn!(%error, path = %path.display(), "cannot remove a stale app bundle upload");
             }
+        }
+    }
+}
+
+/// A folder left by a crash between rename and commit has no row: it is an orphan.
+async fn remove_orphans(info: &VersionInfo) {
+    for leftover in [&info.dir, &info.zip_path] {
+        if tokio::fs::symlink_metadata(leftover).await.is_ok() {
+            tracing::warn!(path = %leftover.display(), "removing an unrecorded app bundle leftover");
+            remove_path(leftover).await;
         }
     }
 }

@@ -139,6 +139,23 @@ pub fn user_update_entries(
     entries
 }
 
+/// The entries of a bundle upload: the push, and when it is activated at once (`activated` holds
+/// the version it replaces), the activation.
+pub fn push_entries(
+    origin: &Origin,
+    version: &str,
+    hash: &str,
+    activated: Option<Option<String>>,
+) -> Vec<Entry> {
+    let details = json!({"activate": activated.is_some(), "hash": hash});
+    let mut entries = vec![origin.entry(Action::BundlePushed, Some(version), details)];
+    if let Some(previous) = activated {
+        let details = json!({"previous_version": previous});
+        entries.push(origin.entry(Action::BundleActivated, Some(version), details));
+    }
+    entries
+}
+
 /// A bundle switch is a rollback when it goes back to a version uploaded before the active one.
 pub fn switch_action(goes_back: bool) -> Action {
     if goes_back {
