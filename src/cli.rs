@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
+use crate::domain::audit::{Action, Origin};
 use crate::domain::role::Role;
 use crate::startup::{connect_and_migrate, Application, EmbeddedHandle};
 
@@ -129,6 +130,8 @@ async fn user_command(
     use crate::db::users;
     use crate::domain::user as rules;
     let auth = crate::auth::AuthService::from_config(config, crate::clock::Clock::default())?;
+    // An operator at the console: the server itself, as far as the audit log can tell.
+    let origin = Origin::server(&crate::startup::node_name());
     match cmd {
         UserCommand::Create { username, password, role, email } => {
             rules::validate_username(&username).map_err(|p| anyhow::anyhow!(p.0))?;
@@ -137,8 +140,8 @@ async fn user_command(
                 anyhow::bail!("password must be 8 to 72 bytes long");
             }
             let hash = auth.hash_password(password).await?;
-            let db = pool.get().await?;
-            users::insert(&db, &username, email.as_deref(), &hash, role).await?;
+            let mut db = pool.get().await?;
+            users::create(&mut db, &username, email.as_deref(), &hash, role, &origin).await?;
             println!("created user '{username}' ({role})");
         }
         UserCommand::ResetPassword { username, password } => {
@@ -150,7 +153,9 @@ async fn user_command(
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("no user named '{username}'"))?;
             let hash = auth.hash_password(password).await?;
-            users::set_password(&mut db, user.id, &hash).await?;
+            let entry =
+                origin.entry(Action::PasswordReset, Some(&username), serde_json::json!({"via": "cli"}));
+            users::set_password(&mut db, user.id, &hash, &entry).await?;
             println!("password of '{username}' reset; their tokens are revoked");
         }
     }

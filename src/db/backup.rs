@@ -203,6 +203,9 @@ pub async fn truncate(db: &Transaction<'_>, tables: &[Table]) -> DbResult<()> {
         return Ok(());
     }
     let names: Vec<String> = tables.iter().map(|t| quote_ident(&t.name)).collect();
+    // A restore replaces the audit log with the archive's own copy: the append-only trigger lets
+    // a transaction that says so empty it, as the retention sweep does.
+    db.batch_execute("SET LOCAL synkronus.audit_sweep = 'on'").await?;
     db.batch_execute(&format!("TRUNCATE {}", names.join(", "))).await?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Database access: the pool, migrations, and one module of SQL per table family.
 
 pub mod attachments;
+pub mod audit;
 pub mod backup;
 pub mod bundles;
 pub mod commit;

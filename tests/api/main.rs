@@ -4,6 +4,7 @@
 mod helpers;
 
 mod attachments;
+mod audit;
 mod auth;
 mod backup;
 mod bundles;
