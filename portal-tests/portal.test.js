@@ -626,3 +626,57 @@ test('an admin with a password of their own sees no banner', async () => {
   await page.evaluate(() => new Promise((r) => setTimeout(r, 300)));
   assert.equal(await page.locator('#default-password').count(), 0);
 });
+
+test('audit log: filter by action and user, page to older entries, admins only', async () => {
+  // Something worth auditing: failed sign-ins, a user created and demoted.
+  for (const password of ['guess-1', 'guess-2']) {
+    const res = await api('POST', 'auth/login', { token: null, json: { username: 'intruder', password } });
+    assert.equal(res.status, 401);
+  }
+  const created = await api('POST', 'users', {
+    json: { username: 'audit-reader', password: 'audit-reader-pass', role: 'read-write' },
+  });
+  assert.equal(created.status, 201, JSON.stringify(created.data));
+  assert.equal((await api('PUT', 'users/audit-reader', { json: { role: 'read-only' } })).status, 200);
+
+  const page = await newPage();
+  await signIn(page);
+  await go(page, '#/audit');
+  await page.locator('tbody tr', { hasText: 'user.role_change' }).first().waitFor();
+  await page.screenshot({ path: path.join(shots, 'audit.png') });
+  await page.getByLabel('Action').selectOption('auth.sign_in_failed');
+  await page.getByRole('button', { name: 'Search' }).click();
+  await page.locator('tbody tr', { hasText: 'intruder' }).nth(1).waitFor();
+  const actions = await page.locator('tbody td[data-label="Action"]').allTextContents();
+  assert.ok(actions.length >= 2 && actions.every((a) => a === 'auth.sign_in_failed'), actions.join());
+  assert.match(await page.locator('tbody tr').first().textContent(), /127\.0\.0\.1.*reason: unknown user/);
+
+  // More than a page (50) of one kind: the rest comes with "Older entries".
+  for (let i = 0; i < 55; i += 1) {
+    const spec = { formType: 'audit_demo', version: `v${i}`, schema: { type: 'object' }, uischema: { type: 'VerticalLayout', elements: [] } };
+    assert.equal((await api('POST', 'formspecs', { json: spec })).status, 201);
+  }
+  await page.getByLabel('Action').selectOption('formspec.change');
+  await page.getByLabel('User name').fill('admin');
+  await page.getByRole('button', { name: 'Search' }).click();
+  await page.getByText('50 entries so far.').waitFor();
+  assert.equal(await page.locator('tbody tr').first().locator('td[data-label="Details"]').textContent(), 'version: v54');
+  await page.getByRole('button', { name: 'Older entries' }).click();
+  await page.getByText('55 entries.').waitFor();
+  assert.equal(await page.getByRole('button', { name: 'Older entries' }).isVisible(), false);
+
+  // A filter the server refuses shows its message, and read-only users have no Audit page.
+  await page.getByLabel('User name').fill('');
+  await page.getByLabel('Action').selectOption('');
+  await page.getByLabel('From').fill('2030-01-02T00:00');
+  await page.getByLabel('Until').fill('2030-01-01T00:00');
+  await page.getByRole('button', { name: 'Search' }).click();
+  await page.getByRole('alert').getByText("'since' is after 'until'").first().waitFor();
+
+  const reader = await newPage();
+  await signIn(reader, 'audit-reader', 'audit-reader-pass');
+  const nav = await reader.getByRole('navigation', { name: 'Main' }).textContent();
+  assert.ok(!nav.includes('Audit'), nav);
+  await go(reader, '#/audit');
+  await reader.getByText('This page is for admins.').waitFor();
+});

@@ -7,6 +7,7 @@ import * as users from './users.js';
 import * as bundles from './bundles.js';
 import * as observations from './observations.js';
 import * as exports from './exports.js';
+import * as audit from './audit.js';
 
 const ROUTES = [
   { path: 'overview', title: 'Overview', render: overview.render },
@@ -15,6 +16,7 @@ const ROUTES = [
   { path: 'bundles', title: 'App bundles', render: bundles.render, detail: bundles.renderFiles },
   { path: 'observations', title: 'Observations', render: observations.render, detail: observations.renderOne },
   { path: 'exports', title: 'Exports', render: exports.render },
+  { path: 'audit', title: 'Audit', render: audit.render, admin: true },
   { path: 'account', title: 'My account', render: users.renderAccount, hidden: true },
 ];
 

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
+use crate::domain::audit::{Action, Origin};
 use crate::domain::role::Role;
 use crate::startup::{connect_and_migrate, Application, EmbeddedHandle};
 
@@ -28,6 +29,21 @@ pub enum Command {
     /// Statistics kept for `GET /stats/observations` and `GET /status`.
     #[command(subcommand)]
     Stats(StatsCommand),
+    /// Write a backup archive (safe while the server runs), or check one with --verify.
+    Backup {
+        #[arg(long, required_unless_present = "verify", conflicts_with = "verify")]
+        output: Option<std::path::PathBuf>,
+        #[arg(long)]
+        verify: Option<std::path::PathBuf>,
+    },
+    /// Restore a backup archive into an empty database and storage (stop the server first).
+    Restore {
+        #[arg(long)]
+        input: std::path::PathBuf,
+        /// Replace whatever the target holds.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -76,6 +92,9 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             println!("counted {} observations", result?);
             Ok(())
         }
+        Command::Backup { output: Some(output), .. } => crate::backup::create::run(&config, &output).await,
+        Command::Backup { verify, .. } => crate::backup::verify::run(&verify.unwrap_or_default()).await,
+        Command::Restore { input, force } => crate::backup::restore::run(&config, &input, force).await,
         Command::User(cmd) => {
             let (pool, embedded) = connect_and_migrate(&config).await?;
             let result = user_command(cmd, &config, &pool).await;
@@ -86,7 +105,7 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     }
 }
 
-async fn stop_if_started_here(embedded: Option<EmbeddedHandle>) -> anyhow::Result<()> {
+pub(crate) async fn stop_if_started_here(embedded: Option<EmbeddedHandle>) -> anyhow::Result<()> {
     if let Some(handle) = embedded.filter(|h| h.started_here) {
         tokio::task::spawn_blocking(move || handle.cluster.stop()).await??;
     }
@@ -111,6 +130,8 @@ async fn user_command(
     use crate::db::users;
     use crate::domain::user as rules;
     let auth = crate::auth::AuthService::from_config(config, crate::clock::Clock::default())?;
+    // An operator at the console: the server itself, as far as the audit log can tell.
+    let origin = Origin::server(&crate::startup::node_name());
     match cmd {
         UserCommand::Create { username, password, role, email } => {
             rules::validate_username(&username).map_err(|p| anyhow::anyhow!(p.0))?;
@@ -119,8 +140,8 @@ async fn user_command(
                 anyhow::bail!("password must be 8 to 72 bytes long");
             }
             let hash = auth.hash_password(password).await?;
-            let db = pool.get().await?;
-            users::insert(&db, &username, email.as_deref(), &hash, role).await?;
+            let mut db = pool.get().await?;
+            users::create(&mut db, &username, email.as_deref(), &hash, role, &origin).await?;
             println!("created user '{username}' ({role})");
         }
         UserCommand::ResetPassword { username, password } => {
@@ -132,7 +153,9 @@ async fn user_command(
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("no user named '{username}'"))?;
             let hash = auth.hash_password(password).await?;
-            users::set_password(&mut db, user.id, &hash).await?;
+            let entry =
+                origin.entry(Action::PasswordReset, Some(&username), serde_json::json!({"via": "cli"}));
+            users::set_password(&mut db, user.id, &hash, &entry).await?;
             println!("password of '{username}' reset; their tokens are revoked");
         }
     }

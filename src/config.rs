@@ -83,6 +83,8 @@ pub struct Config {
     /// How long a finished export job's file is kept (`EXPORT_JOB_TTL_SECONDS`).
     pub export_job_ttl: Duration,
     pub transmission_retention_days: u32,
+    /// How long audit log entries are kept (`AUDIT_RETENTION_DAYS`).
+    pub audit_retention_days: u32,
     pub metrics_port: Option<u16>,
     /// bcrypt cost of new password hashes: 12 (docs/api.md §7.1); only the test suite lowers it
     /// (see [`test_only`]).
@@ -155,9 +157,47 @@ impl Config {
             export_max_concurrent: 0,
             export_job_ttl: Duration::ZERO,
             transmission_retention_days: 0,
+            audit_retention_days: 0,
             metrics_port: None,
             password_hash_cost: crate::auth::BCRYPT_COST,
         }
+    }
+
+    /// The settings as the audit log's `server.start` entry shows them: everything but the JWT
+    /// secret, the admin password and the database connection string (it may hold a password).
+    pub fn without_secrets(&self) -> serde_json::Value {
+        let secs = |d: Duration| d.as_secs();
+        serde_json::json!({
+            "port": self.port,
+            "bind_address": self.bind_address.to_string(),
+            "database": match self.database {
+                DatabaseConfig::External(_) => "external",
+                DatabaseConfig::Embedded { .. } => "embedded",
+            },
+            "db_pool_size": self.db_pool_size,
+            "jwt_ttl_seconds": secs(self.jwt_ttl),
+            "refresh_ttl_seconds": secs(self.refresh_ttl),
+            "log_level": self.log_level,
+            "data_root": self.data_root.display().to_string(),
+            "app_bundle_path": self.app_bundle_path.display().to_string(),
+            "attachments_path": self.attachments_path.display().to_string(),
+            "max_versions_kept": self.max_versions_kept,
+            "admin_username": self.admin_username,
+            "public_url": self.public_url,
+            "trusted_proxies": self.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "cors_allowed_origins": self.cors_allowed_origins,
+            "max_json_body_bytes": self.max_json_body_bytes,
+            "max_attachment_bytes": self.max_attachment_bytes,
+            "request_body_timeout_seconds": secs(self.request_body_timeout),
+            "record_validation": format!("{:?}", self.record_validation).to_lowercase(),
+            "rate_limit_login_per_min": self.rate_limit_login_per_min,
+            "rate_limit_per_user_per_sec": self.rate_limit_per_user_per_sec,
+            "export_max_concurrent": self.export_max_concurrent,
+            "export_job_ttl_seconds": secs(self.export_job_ttl),
+            "transmission_retention_days": self.transmission_retention_days,
+            "audit_retention_days": self.audit_retention_days,
+            "metrics_port": self.metrics_port,
+        })
     }
 
     /// True when the bootstrap admin still has the shipped default password.
@@ -417,6 +457,16 @@ mod tests {
         for v in ["3", "13", "fast"] {
             refused(&[(var, v)], var);
         }
+    }
+
+    #[test]
+    fn the_audited_configuration_hides_secrets() {
+        let c = load(&[("ADMIN_PASSWORD", "hunter2-secret")]).expect("config");
+        let shown = c.without_secrets().to_string();
+        for secret in [SECRET, "hunter2-secret", "postgres://u:p@localhost"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("\"audit_retention_days\":365"), "{shown}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Synkronus-compatible offline-first sync server.
 pub mod actors;
 pub mod auth;
+pub mod backup;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -18,6 +18,7 @@ use crate::config::{Config, DatabaseConfig};
 use crate::db;
 use crate::db::embedded::EmbeddedPostgres;
 use crate::db::supervision::Supervisor;
+use crate::domain::audit::{Action, Origin};
 use crate::domain::role::Role;
 use crate::domain::user::{DEFAULT_ADMIN_PASSWORD, DEFAULT_ADMIN_USERNAME};
 use crate::http;
@@ -122,7 +123,8 @@ impl Application {
         let pool = connect_migrate(&config, &conn).await?;
         let clock = Clock::default();
         let auth = Arc::new(AuthService::from_config(&config, clock.clone())?);
-        bootstrap_admin(&config, &pool, &auth).await?;
+        let node = node_name();
+        bootstrap_admin(&config, &pool, &auth, &node).await?;
         check_data_root(&config)?;
         let storage = Arc::new(crate::storage::Storage::open(&config)?);
         storage.check_at_start().await?;
@@ -143,6 +145,7 @@ impl Application {
             storage,
             schemas: Arc::new(crate::schema_check::SchemaCache::default()),
             clock,
+            node,
         };
 
         let listener = TcpListener::bind((config.bind_address, config.port))
@@ -164,6 +167,7 @@ impl Application {
         .shutdown_timeout(30)
         .run();
         tracing::info!(port, "listening");
+        record_start(&state).await?;
         crate::monitoring::handle();
         let metrics = match config.metrics_port {
             Some(metrics_port) => Some(metrics_server(&config, metrics_port, web::Data::new(state.clone()))?),
@@ -210,19 +214,42 @@ impl Application {
     }
 }
 
+/// This process's name in the audit log: the host name (docs/api.md §18.4).
+pub fn node_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The audit log's `server.start` entry: version, node and the configuration without secrets.
+async fn record_start(state: &AppState) -> anyhow::Result<()> {
+    let details = serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "commit": env!("SYNKRONUS_GIT_COMMIT"),
+        "config": state.config.without_secrets(),
+    });
+    let entry = Origin::server(&state.node).entry(Action::ServerStarted, None, details);
+    db::audit::append(&state.pool.get().await?, &entry).await.context("cannot write the audit log")?;
+    Ok(())
+}
+
 /// Creates the initial admin when the user table is empty, and warns while the default password
 /// works: here, once per start, and nowhere else (the portal tells that admin on every page).
 async fn bootstrap_admin(
     config: &Config,
     pool: &deadpool_postgres::Pool,
     auth: &AuthService,
+    node: &str,
 ) -> anyhow::Result<()> {
-    let db = pool.get().await?;
+    let mut db = pool.get().await?;
     let users = db::users::count(&db).await?;
     let mut created = false;
     if users == 0 {
         let hash = auth.hash_password(config.admin_password.clone()).await?;
-        match db::users::insert(&db, &config.admin_username, None, &hash, Role::Admin).await {
+        let origin = Origin::server(node);
+        match db::users::create(&mut db, &config.admin_username, None, &hash, Role::Admin, &origin).await {
             Ok(_) => {
                 created = true;
                 // Known without a bcrypt run: the hash was just made from the configured password.

@@ -23,6 +23,8 @@ pub struct AppState {
     pub schemas: Arc<crate::schema_check::SchemaCache>,
     /// What expiry is measured on (see `crate::clock`).
     pub clock: crate::clock::Clock,
+    /// This process's name in the audit log (its host name).
+    pub node: String,
 }
 
 impl AppState {

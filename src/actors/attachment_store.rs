@@ -27,6 +27,7 @@ use crate::actors::change_log::{AttachmentCommit, ChangeLogHandle};
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
 use crate::db::records::Head;
 use crate::domain::attachment::{scaled_size, Quality};
+use crate::domain::audit::Origin;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::storage::{Area, StorageError};
 
@@ -153,8 +154,8 @@ impl AttachmentStoreHandle {
 
     /// Empties the repository (through the change log) and then deletes every attachment file,
     /// with no upload or resize running in between (docs/api.md §17.3).
-    pub async fn reset_repository(&self) -> ApiResult<Head> {
-        super::ask(&self.0, "attachment store", ResetRepository).await
+    pub async fn reset_repository(&self, origin: Origin) -> ApiResult<Head> {
+        super::ask(&self.0, "attachment store", ResetRepository(origin)).await
     }
 }
 
@@ -330,7 +331,7 @@ impl Handler<Variant> for AttachmentStore {
 }
 
 /// Empties the repository and removes the attachment files, as one step for uploads.
-struct ResetRepository;
+struct ResetRepository(Origin);
 
 impl Message for ResetRepository {
     type Result = ApiResult<Head>;
@@ -339,11 +340,11 @@ impl Message for ResetRepository {
 impl Handler<ResetRepository> for AttachmentStore {
     type Result = ResponseFuture<ApiResult<Head>>;
 
-    fn handle(&mut self, _: ResetRepository, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, ResetRepository(origin): ResetRepository, _: &mut Self::Context) -> Self::Result {
         let (change_log, area, files) = (self.change_log.clone(), self.area.clone(), self.files.clone());
         Box::pin(async move {
             let _exclusive = files.write_owned().await;
-            let head = change_log.reset_repository().await?;
+            let head = change_log.reset_repository(origin).await?;
             // Files go only after the commit: a failed reset must not lose attachments still
             // referenced.
             remove_files(&area).await;

@@ -23,12 +23,13 @@ use dashmap::DashMap;
 use deadpool_postgres::{GenericClient, Pool, Transaction};
 use serde_json::Value;
 
-pub use files::staging_dir;
 use files::{remove_stale_staging, unpack, BundleFiles};
+pub use files::{staging_dir, version_prefix, zip_key};
 pub use version::VersionInfo;
 
 use crate::db;
 use crate::db::formspecs::Registration;
+use crate::domain::audit::{push_entries, switch_action, Action, Origin};
 use crate::domain::bundle::{
     declared_version_id, validate_zip, version_id_candidates, version_id_from_time, version_manifest, Limits,
     ManifestFile, ValidatedBundle, VersionView,
@@ -64,6 +65,8 @@ pub struct Push {
     pub upload: PathBuf,
     pub activate: bool,
     pub received_at: DateTime<Utc>,
+    /// Who pushes: the audit log's entries of the push, activation and retention name them.
+    pub origin: Origin,
 }
 
 #[derive(Debug)]
@@ -79,6 +82,7 @@ impl Message for Push {
 
 struct Switch {
     pub version: String,
+    pub origin: Origin,
 }
 
 #[derive(Debug)]
@@ -123,15 +127,15 @@ impl BundleStoreHandle {
     }
 
     /// Makes `version` the active one.
-    pub async fn activate(&self, version: String) -> ApiResult<SwitchOutcome> {
-        super::ask(&self.0, "bundle store", Switch { version }).await
+    pub async fn activate(&self, version: String, origin: Origin) -> ApiResult<SwitchOutcome> {
+        super::ask(&self.0, "bundle store", Switch { version, origin }).await
     }
 
     /// Registers a form spec sent through the API. The store is the one writer of `form_specs`
     /// (activating a bundle registers its forms), so both kinds of registration take the bundle
     /// lock and cannot interleave, in this process or another.
-    pub async fn register_form_spec(&self, spec: NewFormSpec) -> ApiResult<Registration> {
-        super::ask(&self.0, "bundle store", RegisterFormSpec(spec)).await
+    pub async fn register_form_spec(&self, spec: NewFormSpec, origin: Origin) -> ApiResult<Registration> {
+        super::ask(&self.0, "bundle store", RegisterFormSpec(spec, origin)).await
     }
 }
 
@@ -144,7 +148,7 @@ pub struct NewFormSpec {
     pub uischema: Value,
 }
 
-struct RegisterFormSpec(NewFormSpec);
+struct RegisterFormSpec(NewFormSpec, Origin);
 
 impl Message for RegisterFormSpec {
     type Result = ApiResult<Registration>;
@@ -153,7 +157,11 @@ impl Message for RegisterFormSpec {
 impl Handler<RegisterFormSpec> for BundleStore {
     type Result = ResponseFuture<ApiResult<Registration>>;
 
-    fn handle(&mut self, RegisterFormSpec(spec): RegisterFormSpec, _: &mut Context<Self>) -> Self::Result {
+    fn handle(
+        &mut self,
+        RegisterFormSpec(spec, origin): RegisterFormSpec,
+        _: &mut Context<Self>,
+    ) -> Self::Result {
         let pool = self.pool.clone();
         Box::pin(async move {
             let mut client = pool.get().await?;
@@ -168,6 +176,15 @@ impl Handler<RegisterFormSpec> for BundleStore {
                 "api",
             )
             .await?;
+            // Only a new spec changes anything; an identical one is a no-op, a conflict refused.
+            if let Registration::Created(_) = &registration {
+                let details = serde_json::json!({"version": spec.version});
+                db::audit::append(
+                    &tx,
+                    &origin.entry(Action::FormSpecChanged, Some(&spec.form_type), details),
+                )
+                .await?;
+            }
             tx.commit().await?;
             Ok(registration)
         })
@@ -347,13 +364,14 @@ impl Handler<Push> for BundleStore {
         let (keep, limits) = (self.keep, self.limits.clone());
         let work = async move {
             let upload = push.upload.clone();
+            let origin = push.origin.clone();
             let result = job.push(push, limits).await;
             // Only a failed push still owns its upload; a successful one moved it into place.
             if result.is_err() {
                 let _ = tokio::fs::remove_file(&upload).await;
             }
             let (outcome, pointer) = result?;
-            job.retain(keep, &outcome.version.version).await;
+            job.retain(keep, &outcome.version.version, &origin).await;
             ApiResult::Ok((outcome, pointer))
         };
         Box::pin(work.into_actor(self).map(|result, store, _| {
@@ -369,15 +387,17 @@ impl Handler<Push> for BundleStore {
 impl Handler<Switch> for BundleStore {
     type Result = ResponseActFuture<Self, ApiResult<SwitchOutcome>>;
 
-    fn handle(&mut self, Switch { version }: Switch, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, Switch { version, origin }: Switch, _: &mut Context<Self>) -> Self::Result {
         let job = self.job();
-        Box::pin(async move { job.switch(&version).await }.into_actor(self).map(|result, store, _| {
-            let (outcome, pointer) = result?;
-            if let Some(pointer) = pointer {
-                store.apply(pointer);
-            }
-            Ok(outcome)
-        }))
+        Box::pin(async move { job.switch(&version, &origin).await }.into_actor(self).map(
+            |result, store, _| {
+                let (outcome, pointer) = result?;
+                if let Some(pointer) = pointer {
+                    store.apply(pointer);
+                }
+                Ok(outcome)
+            },
+        ))
     }
 }
 
@@ -470,7 +490,7 @@ impl Job {
 
         let stored = async {
             self.files.publish(&version, staging, &push.upload).await?;
-            insert_version(tx, bundle, &info, &manifest_json, push.activate).await
+            insert_version(tx, bundle, &info, &manifest_json, push).await
         }
         .await;
         let (activated, warnings) = match stored {
@@ -491,13 +511,19 @@ impl Job {
     }
 
     /// Retention after an upload (docs/api.md §9.3). A failure is logged: the upload itself succeeded.
-    async fn retain(&self, keep: usize, just_uploaded: &str) {
+    async fn retain(&self, keep: usize, just_uploaded: &str, origin: &Origin) {
         let result = async {
             let mut client = self.pool.get().await?;
             let tx = client.transaction().await?;
             db::bundles::lock(&tx).await?;
             let victims = db::bundles::retention_victims(&tx, keep, just_uploaded).await?;
             db::bundles::mark_removed(&tx, &victims).await?;
+            let details = serde_json::json!({"max_versions_kept": keep});
+            let entries: Vec<_> = victims
+                .iter()
+                .map(|v| origin.entry(Action::BundleVersionRemoved, Some(v), details.clone()))
+                .collect();
+            db::audit::append_all(&tx, &entries).await?;
             tx.commit().await?;
             ApiResult::Ok(victims)
         }
@@ -517,7 +543,7 @@ impl Job {
         }
     }
 
-    async fn switch(&self, version: &str) -> ApiResult<(SwitchOutcome, Option<Pointer>)> {
+    async fn switch(&self, version: &str, origin: &Origin) -> ApiResult<(SwitchOutcome, Option<Pointer>)> {
         let not_found = || ApiError::not_found(format!("App bundle version '{version}' not found"));
         let info = {
             let db = self.pool.get().await?;
@@ -552,6 +578,12 @@ impl Job {
                 SwitchOutcome { version: version.to_owned(), previous_version: previous, warnings: vec![] };
             return Ok((outcome, None));
         }
+        let goes_back = match &previous {
+            Some(previous) => db::bundles::uploaded_before(&tx, version, previous).await?,
+            None => false,
+        };
+        let details = serde_json::json!({"previous_version": previous});
+        db::audit::append(&tx, &origin.entry(switch_action(goes_back), Some(version), details)).await?;
         let generation = db::bundles::set_active(&tx, version).await?;
         let warnings = db::formspecs::register_bundle_forms(&tx, version, &forms).await?;
         tx.commit().await?;
@@ -589,7 +621,7 @@ async fn insert_version(
     bundle: &ValidatedBundle,
     info: &VersionInfo,
     manifest_json: &Value,
-    activate: bool,
+    push: &Push,
 ) -> ApiResult<(Option<i64>, Vec<KeptFormSpec>)> {
     let manifest = &info.manifest;
     db::bundles::insert(
@@ -603,7 +635,11 @@ async fn insert_version(
     .await?;
     let mut activated = None;
     let mut warnings = Vec::new();
-    if activate {
+    let previous = if push.activate { db::bundles::active(&tx).await?.0 } else { None };
+    let entries =
+        push_entries(&push.origin, &info.version, &manifest.hash, push.activate.then_some(previous));
+    db::audit::append_all(&tx, &entries).await?;
+    if push.activate {
         let generation = db::bundles::set_active(&tx, &info.version).await?;
         let forms: Vec<(String, Value, Value)> = bundle
             .forms

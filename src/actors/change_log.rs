@@ -11,8 +11,10 @@ use deadpool_postgres::Pool;
 use tokio::sync::oneshot;
 
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
+use crate::db::audit;
 use crate::db::commit::{self, RevisionBatch};
 use crate::db::records::{self, Head};
+use crate::domain::audit::{Action, Origin};
 pub use crate::domain::sync::plan::Push;
 use crate::domain::sync::plan::{self, Outcome};
 use crate::domain::sync::PushResult;
@@ -57,7 +59,7 @@ pub struct AttachmentCommit {
 }
 
 /// Empties the repository and raises its generation (docs/api.md §17.3), ordered with every commit.
-struct ResetRepository;
+struct ResetRepository(Origin);
 
 impl Message for ResetRepository {
     type Result = ApiResult<Head>;
@@ -67,7 +69,7 @@ impl Message for ResetRepository {
 enum Waiting {
     Push(Pending),
     Attachment(CommitAttachment, oneshot::Sender<ApiResult<AttachmentCommit>>),
-    Reset(oneshot::Sender<ApiResult<Head>>),
+    Reset(Origin, oneshot::Sender<ApiResult<Head>>),
 }
 
 /// The 409 a client gets when its generation is not the server's.
@@ -97,8 +99,8 @@ impl ChangeLogHandle {
 
     /// Empties the repository and raises its generation, ordered with every commit. Only the
     /// `AttachmentStore` calls this: the reset also deletes attachment files, which it owns.
-    pub async fn reset_repository(&self) -> ApiResult<Head> {
-        super::ask(&self.0, "change log", ResetRepository).await
+    pub async fn reset_repository(&self, origin: Origin) -> ApiResult<Head> {
+        super::ask(&self.0, "change log", ResetRepository(origin)).await
     }
 }
 
@@ -126,8 +128,8 @@ impl ChangeLog {
                     Waiting::Attachment(msg, reply) => {
                         let _ = reply.send(commit_attachment(&pool, msg.0).await);
                     }
-                    Waiting::Reset(reply) => {
-                        let _ = reply.send(reset(&pool).await);
+                    Waiting::Reset(origin, reply) => {
+                        let _ = reply.send(reset(&pool, &origin).await);
                     }
                     Waiting::Push(p) => commit_and_reply(pool, vec![p]).await,
                 }
@@ -202,9 +204,9 @@ impl Handler<CommitAttachment> for ChangeLog {
 impl Handler<ResetRepository> for ChangeLog {
     type Result = ResponseFuture<ApiResult<Head>>;
 
-    fn handle(&mut self, _: ResetRepository, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, ResetRepository(origin): ResetRepository, ctx: &mut Self::Context) -> Self::Result {
         let (reply, answer) = oneshot::channel();
-        self.pending.push_back(Waiting::Reset(reply));
+        self.pending.push_back(Waiting::Reset(origin, reply));
         self.commit_next(ctx);
         Box::pin(async move {
             answer.await.unwrap_or_else(|_| Err(ApiError::internal("change log dropped a reset")))
@@ -212,11 +214,13 @@ impl Handler<ResetRepository> for ChangeLog {
     }
 }
 
-async fn reset(pool: &Pool) -> ApiResult<Head> {
+async fn reset(pool: &Pool, origin: &Origin) -> ApiResult<Head> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     records::lock_change_log(&tx).await?;
     let head = records::reset_repository(&tx).await?;
+    let details = serde_json::json!({"repository_generation": head.repository_generation});
+    audit::append(&tx, &origin.entry(Action::RepositoryReset, None, details)).await?;
     tx.commit().await?;
     Ok(head)
 }

@@ -76,22 +76,28 @@ pub async fn start(
     );
     let export_jobs =
         export_jobs::ExportJobsHandle(export_jobs::ExportJobs::new(config, conn, clock.clone())?.start());
-    spawn_housekeeping(pool.clone(), config.transmission_retention_days);
+    spawn_housekeeping(pool.clone(), config.transmission_retention_days, config.audit_retention_days);
     Ok(Actors { change_log, presence, bundles, attachments, export_jobs })
 }
 
-/// Hourly clean-up of what only ever grows: old transmission results and expired tokens.
-fn spawn_housekeeping(pool: deadpool_postgres::Pool, retention_days: u32) {
+/// Hourly clean-up of what only ever grows: old transmission results, expired tokens and audit
+/// log entries past `AUDIT_RETENTION_DAYS`.
+fn spawn_housekeeping(pool: deadpool_postgres::Pool, retention_days: u32, audit_days: u32) {
     actix::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(3600));
         loop {
             tick.tick().await;
-            let Ok(db) = pool.get().await else { continue };
+            let Ok(mut db) = pool.get().await else { continue };
             if let Err(e) = crate::db::records::purge_transmissions(&db, retention_days).await {
                 tracing::warn!(error = %e, "purging old transmissions failed");
             }
             if let Err(e) = crate::db::users::purge_expired_tokens(&db).await {
                 tracing::warn!(error = %e, "purging expired tokens failed");
+            }
+            match crate::db::audit::sweep(&mut db, audit_days).await {
+                Ok(0) => {}
+                Ok(removed) => tracing::info!(removed, "audit log entries past retention removed"),
+                Err(e) => tracing::warn!(error = %e, "sweeping the audit log failed"),
             }
         }
     });

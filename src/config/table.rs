@@ -363,6 +363,12 @@ pub static VARIABLES: &[Variable] = &[
         "How long push results are kept for idempotent replay",
         set!(transmission_retention_days = number),
     ),
+    Variable::defaulted(
+        "AUDIT_RETENTION_DAYS",
+        "365",
+        "How long audit log entries are kept (swept hourly)",
+        set!(audit_retention_days = |raw| at_least(raw, 1)),
+    ),
     Variable::optional(
         "METRICS_PORT",
         "unset",

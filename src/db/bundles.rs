@@ -127,6 +127,18 @@ pub async fn set_active(db: &impl GenericClient, version: &str) -> DbResult<i64>
     Ok(generation)
 }
 
+/// Whether `version` was uploaded before `other` (a switch to it is a rollback).
+pub async fn uploaded_before(db: &impl GenericClient, version: &str, other: &str) -> DbResult<bool> {
+    let row = db
+        .query_one(
+            "SELECT (SELECT seq FROM bundle_versions WHERE version = $1)
+                  < (SELECT seq FROM bundle_versions WHERE version = $2)",
+            &[&version, &other],
+        )
+        .await?;
+    Ok(row.get::<_, Option<bool>>(0).unwrap_or(false))
+}
+
 /// Versions retention removes (docs/api.md §9.3): while more than `keep` exist, the oldest that is
 /// neither active nor `just_uploaded`. Call under the bundle lock.
 pub async fn retention_victims(

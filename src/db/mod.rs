@@ -1,6 +1,8 @@
 //! Database access: the pool, migrations, and one module of SQL per table family.
 
 pub mod attachments;
+pub mod audit;
+pub mod backup;
 pub mod bundles;
 pub mod commit;
 pub mod embedded;
@@ -89,10 +91,31 @@ pub async fn wait_until_reachable(pool: &Pool) -> anyhow::Result<()> {
 const MIGRATION_LOCK_KEY: i64 = 0x5359_4e4b_0001;
 
 pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
+    migrate_to(pool, None).await
+}
+
+/// The migrations this binary carries, as (version, name), oldest first.
+pub fn known_migrations() -> Vec<(i64, String)> {
+    let runner = embedded_migrations::migrations::runner();
+    let mut known: Vec<(i64, String)> =
+        runner.get_migrations().iter().map(|m| (i64::from(m.version()), m.name().to_string())).collect();
+    known.sort();
+    known
+}
+
+/// Applies migrations up to `target` (all of them when `None`). A restore migrates to the
+/// archive's version first, loads, then migrates the rest, so data migrations run on its rows.
+pub async fn migrate_to(pool: &Pool, target: Option<i64>) -> anyhow::Result<()> {
+    let mut runner = embedded_migrations::migrations::runner();
+    if let Some(version) = target {
+        let version =
+            version.try_into().map_err(|_| anyhow::anyhow!("schema version {version} out of range"))?;
+        runner = runner.set_target(refinery::Target::Version(version));
+    }
     let mut client = pool.get().await?;
     client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
     let client_ref: &mut tokio_postgres::Client = &mut client;
-    let result = embedded_migrations::migrations::runner().run_async(client_ref).await;
+    let result = runner.run_async(client_ref).await;
     client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY]).await?;
     result?;
     Ok(())

@@ -6,7 +6,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::db::{Conflict, DbError, DbResult};
+use crate::db::{audit, Conflict, DbError, DbResult};
+use crate::domain::audit::{user_update_entries, Action, Entry, Origin};
 use crate::domain::role::Role;
 
 #[derive(Debug, Clone)]
@@ -65,6 +66,23 @@ pub async fn insert(
     }
 }
 
+/// Creates a user and records it in the audit log, in one transaction.
+pub async fn create(
+    db: &mut deadpool_postgres::Object,
+    username: &str,
+    email: Option<&str>,
+    password_hash: &str,
+    role: Role,
+    origin: &Origin,
+) -> DbResult<UserRow> {
+    let tx = db.transaction().await?;
+    let user = insert(&tx, username, email, password_hash, role).await?;
+    let details = serde_json::json!({"role": role.as_str()});
+    audit::append(&tx, &origin.entry(Action::UserCreated, Some(username), details)).await?;
+    tx.commit().await?;
+    Ok(user)
+}
+
 pub async fn find_by_username(db: &impl GenericClient, username: &str) -> DbResult<Option<UserRow>> {
     let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1");
     Ok(db.query_opt(&sql, &[&username]).await?.map(|r| user_from_row(&r)))
@@ -98,11 +116,13 @@ pub struct UserUpdate {
     pub password_hash: Option<String>,
 }
 
-/// Applies an update atomically; refuses to demote the last admin. Returns `None` for an unknown user.
+/// Applies an update atomically, with its audit entries; refuses to demote the last admin.
+/// Returns `None` for an unknown user.
 pub async fn update(
     db: &mut deadpool_postgres::Object,
     username: &str,
     change: UserUpdate,
+    origin: &Origin,
 ) -> DbResult<Option<UserRow>> {
     let tx = db.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADMIN_CHANGE_LOCK]).await?;
@@ -129,15 +149,19 @@ pub async fn update(
     if change.password_hash.is_some() {
         revoke_refresh_tokens_of_user(&tx, current.id).await?;
     }
+    let entries = user_update_entries(origin, username, (current.role, role), change.password_hash.is_some());
+    audit::append_all(&tx, &entries).await?;
     tx.commit().await?;
     Ok(Some(user_from_row(&row)))
 }
 
-/// Sets a new password, invalidates the user's access tokens and revokes all refresh tokens.
+/// Sets a new password, invalidates the user's access tokens and revokes all refresh tokens;
+/// `entry` (a reset or a change) is appended in the same transaction.
 pub async fn set_password(
     db: &mut deadpool_postgres::Object,
     id: Uuid,
     password_hash: &str,
+    entry: &Entry,
 ) -> DbResult<bool> {
     let tx = db.transaction().await?;
     let n = tx
@@ -147,12 +171,15 @@ pub async fn set_password(
         )
         .await?;
     revoke_refresh_tokens_of_user(&tx, id).await?;
+    if n == 1 {
+        audit::append(&tx, entry).await?;
+    }
     tx.commit().await?;
     Ok(n == 1)
 }
 
-/// Deletes a user (refresh tokens go with it); refuses to delete the last admin.
-pub async fn delete(db: &mut deadpool_postgres::Object, id: Uuid) -> DbResult<bool> {
+/// Deletes a user (refresh tokens go with it) and appends `entry`; refuses to delete the last admin.
+pub async fn delete(db: &mut deadpool_postgres::Object, id: Uuid, entry: &Entry) -> DbResult<bool> {
     let tx = db.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADMIN_CHANGE_LOCK]).await?;
     let Some(user) = find_by_id(&tx, id).await? else {
@@ -162,6 +189,7 @@ pub async fn delete(db: &mut deadpool_postgres::Object, id: Uuid) -> DbResult<bo
         ensure_other_admin_exists(&tx, id).await?;
     }
     tx.execute("DELETE FROM users WHERE id = $1", &[&id]).await?;
+    audit::append(&tx, entry).await?;
     tx.commit().await?;
     Ok(true)
 }
@@ -179,19 +207,36 @@ async fn ensure_other_admin_exists(db: &impl GenericClient, except: Uuid) -> DbR
 
 // ---- refresh tokens ----
 
-pub async fn insert_refresh_token(
-    db: &impl GenericClient,
-    token_hash: &[u8],
-    user_id: Uuid,
-    family_id: Uuid,
-    expires_at: DateTime<Utc>,
-) -> DbResult<()> {
+/// A refresh token's row: only its hash is stored.
+pub struct NewRefreshToken {
+    pub token_hash: Vec<u8>,
+    pub user_id: Uuid,
+    pub family_id: Uuid,
+    pub expires_at: DateTime<Utc>,
+}
+
+pub async fn insert_refresh_token(db: &impl GenericClient, token: &NewRefreshToken) -> DbResult<()> {
     db.execute(
         "INSERT INTO refresh_tokens (token_hash, user_id, family_id, expires_at) VALUES ($1, $2, $3, $4)",
-        &[&token_hash, &user_id, &family_id, &expires_at],
+        &[&token.token_hash, &token.user_id, &token.family_id, &token.expires_at],
     )
     .await?;
     Ok(())
+}
+
+/// A successful sign-in: the last-login time, the new refresh token and the audit entry, in one
+/// transaction. Returns the new last-login time.
+pub async fn sign_in(
+    db: &mut deadpool_postgres::Object,
+    token: &NewRefreshToken,
+    entry: &Entry,
+) -> DbResult<DateTime<Utc>> {
+    let tx = db.transaction().await?;
+    let last_login = touch_last_login(&tx, token.user_id).await?;
+    insert_refresh_token(&tx, token).await?;
+    audit::append(&tx, entry).await?;
+    tx.commit().await?;
+    Ok(last_login)
 }
 
 /// What presenting a refresh token found.
@@ -200,6 +245,8 @@ pub enum RefreshLookup {
     /// Already used or revoked: the caller must revoke the family.
     Reused {
         family_id: Uuid,
+        /// Whose family it is.
+        username: String,
     },
     Expired,
     /// Valid, and now revoked so that it cannot be used again (rotation).
@@ -229,23 +276,34 @@ pub async fn consume_refresh_token(
     }
     let existing = db
         .query_opt(
-            "SELECT family_id, revoked_at IS NOT NULL, expires_at <= $2 FROM refresh_tokens WHERE token_hash = $1",
+            "SELECT r.family_id, r.revoked_at IS NOT NULL, r.expires_at <= $2, u.username
+             FROM refresh_tokens r JOIN users u ON u.id = r.user_id WHERE r.token_hash = $1",
             &[&token_hash, &now],
         )
         .await?;
     Ok(match existing {
         None => RefreshLookup::Unknown,
-        Some(row) if row.get::<_, bool>(1) => RefreshLookup::Reused { family_id: row.get(0) },
+        Some(row) if row.get::<_, bool>(1) => {
+            RefreshLookup::Reused { family_id: row.get(0), username: row.get(3) }
+        }
         Some(_) => RefreshLookup::Expired,
     })
 }
 
-pub async fn revoke_refresh_family(db: &impl GenericClient, family_id: Uuid) -> DbResult<()> {
-    db.execute(
+/// Revokes a whole refresh-token family after a reuse, and records the reuse (`entry`).
+pub async fn revoke_refresh_family(
+    db: &mut deadpool_postgres::Object,
+    family_id: Uuid,
+    entry: &Entry,
+) -> DbResult<()> {
+    let tx = db.transaction().await?;
+    tx.execute(
         "UPDATE refresh_tokens SET revoked_at = now() WHERE family_id = $1 AND revoked_at IS NULL",
         &[&family_id],
     )
     .await?;
+    audit::append(&tx, entry).await?;
+    tx.commit().await?;
     Ok(())
 }
 

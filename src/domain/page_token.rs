@@ -12,6 +12,7 @@ pub enum TokenKind {
     Pull,
     Observations,
     History,
+    Audit,
 }
 
 impl TokenKind {
@@ -20,6 +21,7 @@ impl TokenKind {
             TokenKind::Pull => "p1.",
             TokenKind::Observations => "o1.",
             TokenKind::History => "h1.",
+            TokenKind::Audit => "a1.",
         }
     }
 }
@@ -73,7 +75,12 @@ mod fuzz {
     use crate::testing::*;
 
     fn kind() -> impl Strategy<Value = TokenKind> {
-        prop_oneof![Just(TokenKind::Pull), Just(TokenKind::Observations), Just(TokenKind::History)]
+        prop_oneof![
+            Just(TokenKind::Pull),
+            Just(TokenKind::Observations),
+            Just(TokenKind::History),
+            Just(TokenKind::Audit)
+        ]
     }
 
     proptest! {
@@ -87,7 +94,7 @@ mod fuzz {
 
         #[test]
         fn prefixed_garbage_never_panics(body in "[A-Za-z0-9_\\-=.+/ ]{0,200}", k in kind()) {
-            for prefix in ["p1.", "o1.", "h1."] {
+            for prefix in ["p1.", "o1.", "h1.", "a1."] {
                 let _ = decode::<PullCursor>(k, &format!("{}{}", prefix, body));
             }
         }

@@ -1,16 +1,19 @@
-//! Operator routes of the 2026 surface: repository reset and the device list (API.md 17.3, 17.4).
+//! Operator routes: repository reset and the device list (API.md 17.3, 17.4), the audit log
+//! (docs/api.md §18.4).
 
 use actix_web::http::header::HeaderValue;
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use crate::db::presence;
+use crate::db::{audit, presence};
+use crate::domain::audit::{clamp_limit, Action, AuditCursor, AuditFilter};
+use crate::domain::page_token::{self, TokenKind};
 use crate::domain::role::Role;
 use crate::domain::time;
-use crate::error::{ApiError, ApiResult};
-use crate::http::extract::{state, Auth, JsonBody};
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::extract::{audit_origin, state, Auth, JsonBody};
 use crate::http::sync::{query_pairs, X_REPOSITORY_GENERATION};
 use crate::http::wire;
-use crate::http::wire::admin::{Device, ResetAnswer, ResetRequest};
+use crate::http::wire::admin::{AuditEntry, AuditPage, Device, ResetAnswer, ResetRequest};
 
 const RESET_CONFIRMATION: &str = "RESET_REPOSITORY";
 
@@ -36,7 +39,7 @@ pub async fn reset_repository(
         .with_path("/confirm"));
     }
     // Through the attachment store: it deletes the files, and no upload commits in between.
-    let head = st.actors.attachments.reset_repository().await?;
+    let head = st.actors.attachments.reset_repository(audit_origin(&req, st, &caller.username)).await?;
     tracing::warn!(admin = %caller.username, generation = head.repository_generation, head = head.change_id,
         "repository reset: observations, history and attachments deleted");
     let mut res = HttpResponse::Ok().json(ResetAnswer {
@@ -84,8 +87,97 @@ pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     Ok(HttpResponse::Ok().json(devices))
 }
 
+fn bad_filter(name: &str, message: String) -> ApiError {
+    ApiError::bad_request(message).with_path(&format!("?{name}"))
+}
+
+/// The listing's filter and cursor from the query: a page token carries both and wins over
+/// explicit filters (docs/api.md §1.5).
+fn audit_cursor(pairs: &[(String, String)]) -> ApiResult<AuditCursor> {
+    let get =
+        |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.trim()).filter(|v| !v.is_empty());
+    if let Some(token) = get("page_token") {
+        return page_token::decode(TokenKind::Audit, token)
+            .ok_or_else(|| ApiError::of(ErrorCode::InvalidPageToken));
+    }
+    let instant = |name: &str| -> ApiResult<_> {
+        get(name)
+            .map(|raw| {
+                time::parse_rfc3339(raw).ok_or_else(|| {
+                    bad_filter(name, format!("'{name}' must be an RFC 3339 timestamp with an offset"))
+                })
+            })
+            .transpose()
+    };
+    let action = get("action")
+        .map(|raw| {
+            Action::parse(raw).map(|a| a.as_str().to_owned()).ok_or_else(|| {
+                let known: Vec<_> = Action::ALL.iter().map(|a| a.as_str()).collect();
+                bad_filter("action", format!("Unknown action '{raw}'; use one of {}", known.join(", ")))
+            })
+        })
+        .transpose()?;
+    let filter = AuditFilter {
+        actor: get("actor").map(str::to_owned),
+        action,
+        since: instant("since")?,
+        until: instant("until")?,
+    };
+    if let (Some(since), Some(until)) = (filter.since, filter.until) {
+        if since > until {
+            return Err(bad_filter("since", "'since' is after 'until'".to_owned()));
+        }
+    }
+    Ok(AuditCursor { filter, b: i64::MAX })
+}
+
+/// The audit log, newest first
+///
+/// Role: admin.
+#[utoipa::path(get, path = "/admin/audit", tag = "admin",
+    params(("actor" = Option<String>, Query, description = "Only this user's actions"), ("action" = Option<String>, Query, description = "Only this action (e.g. auth.sign_in_failed)"),
+        ("since" = Option<String>, Query, description = "RFC 3339: entries at or after"), ("until" = Option<String>, Query, description = "RFC 3339: entries at or before"),
+        ("limit" = Option<String>, Query, description = "integer; default 100, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page")),
+    responses((status = 200, body = AuditPage), (status = 400)),
+    security(("bearerAuth" = [])))]
+pub async fn audit_log(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+    caller.require(Role::Admin)?;
+    let st = state(&req)?;
+    let pairs = query_pairs(&req);
+    let limit = match pairs.iter().find(|(k, _)| k == "limit").map(|(_, v)| v.trim()) {
+        None | Some("") => clamp_limit(None),
+        Some(raw) => clamp_limit(Some(
+            raw.parse::<i64>().map_err(|_| bad_filter("limit", "'limit' must be an integer".to_owned()))?,
+        )),
+    };
+    let cursor = audit_cursor(&pairs)?;
+    let db = st.pool.get().await?;
+    let mut rows = audit::list(&db, &cursor.filter, cursor.b, limit + 1).await?;
+    let has_more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let next_page_token = rows.last().filter(|_| has_more).map(|last| {
+        page_token::encode(TokenKind::Audit, &AuditCursor { filter: cursor.filter.clone(), b: last.id })
+    });
+    let items = rows
+        .into_iter()
+        .map(|row| AuditEntry {
+            action: row.action,
+            actor: row.actor,
+            at: time::format(row.at),
+            client_ip: row.client_ip.map(|ip| ip.to_string()),
+            details: row.details,
+            id: row.id,
+            node: row.node,
+            request_id: row.request_id,
+            target: row.target,
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(AuditPage { items, next_page_token }))
+}
+
 pub fn routes(cfg: &mut web::ServiceConfig) {
     use crate::http::routing::{get, resource};
     cfg.service(resource("/admin/repository/reset", "POST").route(web::post().to(reset_repository)))
+        .service(resource("/admin/audit", "GET, HEAD").route(get().to(audit_log)))
         .service(resource("/devices", "GET, HEAD").route(get().to(devices)));
 }

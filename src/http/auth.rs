@@ -5,24 +5,29 @@ use chrono::Duration as ChronoDuration;
 use uuid::Uuid;
 
 use crate::auth::{bearer_token, hash_refresh_token, new_refresh_token};
-use crate::db::users::{self as db_users, RefreshLookup, UserRow};
+use crate::db::audit;
+use crate::db::users::{self as db_users, NewRefreshToken, RefreshLookup, UserRow};
+use crate::domain::audit::Action;
 use crate::domain::time;
 use crate::domain::user::DEFAULT_ADMIN_USERNAME;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::extract::{client_ip, state, Auth, JsonBody};
+use crate::http::extract::{audit_origin, client_ip, state, Auth, JsonBody};
 use crate::http::users::current_user;
 use crate::http::wire::auth::{LoginRequest, Me, MeUser, RefreshRequest, TokenPair, Verification};
 use crate::http::wire::users::{RoleName, User};
 use crate::http::wire::{self, Message};
 use crate::state::AppState;
 
-/// Issues an access token and a refresh token in `family`, in the login response shape.
-async fn token_response(st: &AppState, user: &UserRow, family: Uuid) -> ApiResult<TokenPair> {
+/// A new refresh token in `family`: the token for the client and the row that stores its hash.
+fn new_refresh(st: &AppState, user: &UserRow, family: Uuid) -> (String, NewRefreshToken) {
+    let (refresh, token_hash) = new_refresh_token();
+    let expires_at = st.clock.now() + ChronoDuration::seconds(st.auth.refresh_ttl.as_secs() as i64);
+    (refresh, NewRefreshToken { token_hash, user_id: user.id, family_id: family, expires_at })
+}
+
+/// Issues an access token and answers it with the stored `refresh` token, in the login shape.
+fn token_response(st: &AppState, user: &UserRow, refresh: String) -> ApiResult<TokenPair> {
     let access = st.auth.issue_access_token(user)?;
-    let (refresh, refresh_hash) = new_refresh_token();
-    let refresh_expires = st.clock.now() + ChronoDuration::seconds(st.auth.refresh_ttl.as_secs() as i64);
-    let db = st.pool.get().await?;
-    db_users::insert_refresh_token(&db, &refresh_hash, user.id, family, refresh_expires).await?;
     let ttl = st.auth.access_ttl.as_secs();
     Ok(TokenPair {
         expires_at: access.expires_at,
@@ -51,21 +56,23 @@ pub async fn login(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<Http
         ApiError::rate_limited(wait)
     })?;
 
+    let origin = audit_origin(&req, st, username);
     let db = st.pool.get().await?;
     let user = db_users::find_by_username(&db, username).await?;
     drop(db);
     let hash = user.as_ref().map(|u| u.password_hash.clone());
-    if !st.auth.verify_password(password.to_string(), hash).await? {
-        return Err(ApiError::new(ErrorCode::InvalidCredentials, "Invalid credentials"));
-    }
-    let Some(mut user) = user else {
+    let verified = st.auth.verify_password(password.to_string(), hash).await?;
+    let reason = if user.is_some() { "wrong password" } else { "unknown user" };
+    let Some(mut user) = user.filter(|_| verified) else {
+        // A failure has no transaction of its own: its entry is one.
+        let entry = origin.entry(Action::SignInFailed, Some(username), serde_json::json!({"reason": reason}));
+        audit::append(&st.pool.get().await?, &entry).await?;
         return Err(ApiError::new(ErrorCode::InvalidCredentials, "Invalid credentials"));
     };
-    let db = st.pool.get().await?;
-    user.last_login = Some(db_users::touch_last_login(&db, user.id).await?);
-    drop(db);
-    let body = token_response(st, &user, Uuid::new_v4()).await?;
-    Ok(HttpResponse::Ok().json(body))
+    let (refresh, stored) = new_refresh(st, &user, Uuid::new_v4());
+    let entry = origin.entry(Action::SignIn, Some(username), serde_json::json!({}));
+    user.last_login = Some(db_users::sign_in(&mut st.pool.get().await?, &stored, &entry).await?);
+    Ok(HttpResponse::Ok().json(token_response(st, &user, refresh)?))
 }
 
 /// Rotate a refresh token
@@ -77,13 +84,19 @@ pub async fn refresh(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<Ht
     let st = state(&req)?;
     let body: RefreshRequest = wire::object(&body)?;
     let token = body.required()?;
-    let db = st.pool.get().await?;
+    let mut db = st.pool.get().await?;
     let invalid = || ApiError::new(ErrorCode::InvalidToken, "Invalid refresh token");
     let (user_id, family) =
         match db_users::consume_refresh_token(&db, &hash_refresh_token(token), st.clock.now()).await? {
             RefreshLookup::Consumed { user_id, family_id } => (user_id, family_id),
-            RefreshLookup::Reused { family_id } => {
-                db_users::revoke_refresh_family(&db, family_id).await?;
+            RefreshLookup::Reused { family_id, username } => {
+                let details = serde_json::json!({"family": family_id.to_string()});
+                let entry = audit_origin(&req, st, &username).entry(
+                    Action::RefreshTokenReused,
+                    Some(&username),
+                    details,
+                );
+                db_users::revoke_refresh_family(&mut db, family_id, &entry).await?;
                 tracing::warn!(family = %family_id, "refresh token reused: family revoked");
                 return Err(invalid());
             }
@@ -93,9 +106,9 @@ pub async fn refresh(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<Ht
             RefreshLookup::Unknown => return Err(invalid()),
         };
     let user = db_users::find_by_id(&db, user_id).await?.ok_or_else(invalid)?;
-    drop(db);
-    let body = token_response(st, &user, family).await?;
-    Ok(HttpResponse::Ok().json(body))
+    let (refresh, stored) = new_refresh(st, &user, family);
+    db_users::insert_refresh_token(&db, &stored).await?;
+    Ok(HttpResponse::Ok().json(token_response(st, &user, refresh)?))
 }
 
 /// Revoke this token and its refresh family

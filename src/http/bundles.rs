@@ -16,13 +16,14 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::io::ReaderStream;
 
 use crate::actors::bundle_store::{staging_dir, Push, Target, VersionInfo};
+use crate::auth::AuthUser;
 use crate::db;
 use crate::domain::api_version::ApiVersion;
 use crate::domain::bundle::{diff_versions, strip_active_marker, Limits, VersionView};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::extract::{api_version, path_param, state, Auth, JsonBody};
+use crate::http::extract::{api_version, audit_origin, path_param, state, Auth, JsonBody};
 use crate::http::wire;
 use crate::http::wire::bundles::{
     BundleVersion, BundleVersionEntry, BundleVersions, BundleWarning, PushAnswer, SwitchAnswer, SwitchRequest,
@@ -176,7 +177,8 @@ async fn upload(
         }
     }
     let upload = upload.and_then(TempUpload::into_path).ok_or_else(bad_multipart)?;
-    let outcome = st.actors.bundles.push(Push { upload, activate, received_at }).await?;
+    let origin = audit_origin(&req, st, &caller.username);
+    let outcome = st.actors.bundles.push(Push { upload, activate, received_at, origin }).await?;
     let manifest = serde_json::to_value(&outcome.version.manifest).map_err(ApiError::internal)?;
     Ok(HttpResponse::Ok().json(PushAnswer {
         active: outcome.active,
@@ -213,12 +215,13 @@ pub async fn put(req: HttpRequest, caller: Auth, payload: web::Payload) -> ApiRe
 
 // ---- switching ----
 
-async fn switch_to(st: &AppState, raw: Option<&str>) -> ApiResult<HttpResponse> {
+async fn switch_to(req: &HttpRequest, caller: &AuthUser, raw: Option<&str>) -> ApiResult<HttpResponse> {
+    let st = state(req)?;
     let version = version_param(raw.unwrap_or("").trim());
     if version.is_empty() {
         return Err(ApiError::bad_request("Version is required").with_path("/version"));
     }
-    let outcome = st.actors.bundles.activate(version).await?;
+    let outcome = st.actors.bundles.activate(version, audit_origin(req, st, &caller.username)).await?;
     Ok(HttpResponse::Ok().json(SwitchAnswer {
         message: format!("Switched to app bundle version {}", outcome.version),
         previous_version: outcome.previous_version,
@@ -236,7 +239,7 @@ async fn switch_to(st: &AppState, raw: Option<&str>) -> ApiResult<HttpResponse> 
 pub async fn switch_path(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let version = path_param(&req, "version")?;
-    switch_to(state(&req)?, Some(&version)).await
+    switch_to(&req, &caller, Some(&version)).await
 }
 
 /// Activate a version (body)
@@ -256,7 +259,7 @@ pub async fn switch_body(
         other => Some(wire::object(other)?),
     };
     let version = body.as_ref().map(|b| b.version.optional("version")).transpose()?.flatten();
-    switch_to(state(&req)?, version).await
+    switch_to(&req, &caller, version).await
 }
 
 // ---- reads ----

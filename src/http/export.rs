@@ -5,12 +5,15 @@ use actix_web::http::{header, Method};
 use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use serde_json::Value;
 
+use crate::auth::AuthUser;
+use crate::db::audit;
 use crate::db::export as sql;
+use crate::domain::audit::{export_details, job_download_details, Action};
 use crate::domain::export::{ExportFilter, ExportFormat, ExportRequest};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult};
-use crate::http::extract::{path_param, state, Auth, JsonBody};
+use crate::http::extract::{audit_origin, path_param, state, Auth, JsonBody};
 use crate::http::wire::export::{Bucket, ExportJob, FormTypeCount, JobRequest, ObservationStats, Timeline};
 
 /// Export parameters as sent, from the query string and (for jobs) a JSON body.
@@ -152,7 +155,7 @@ fn export_headers(builder: &mut HttpResponseBuilder, format: ExportFormat, head:
 }
 
 /// Runs a streamed export: headers (with the snapshot head) first, then the body as produced.
-async fn stream(req: &HttpRequest, request: ExportRequest) -> ApiResult<HttpResponse> {
+async fn stream(req: &HttpRequest, caller: &AuthUser, request: ExportRequest) -> ApiResult<HttpResponse> {
     let st = state(req)?;
     if req.method() == Method::HEAD {
         // Same headers, no body: no need to hold an export slot for it.
@@ -162,7 +165,14 @@ async fn stream(req: &HttpRequest, request: ExportRequest) -> ApiResult<HttpResp
         return Ok(builder.finish());
     }
     let format = request.format;
+    // Recorded once admitted (a 429 exports nothing), on its own: an export changes nothing else.
+    let entry = audit_origin(req, st, &caller.username).entry(
+        Action::ExportDownloaded,
+        None,
+        export_details(&request, true),
+    );
     let pending = st.actors.export_jobs.start(request).await?;
+    audit::append(&st.pool.get().await?, &entry).await?;
     let head = pending.head.await.map_err(|_| ApiError::internal("export ended before its snapshot"))??;
     let mut builder = HttpResponse::Ok();
     export_headers(&mut builder, format, head);
@@ -179,7 +189,7 @@ async fn stream(req: &HttpRequest, request: ExportRequest) -> ApiResult<HttpResp
 pub async fn parquet(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let filter = RawParams::from_query(req.query_string())?.filter()?;
-    stream(&req, ExportRequest { format: ExportFormat::Parquet, filter }).await
+    stream(&req, &caller, ExportRequest { format: ExportFormat::Parquet, filter }).await
 }
 
 /// Parquet, CSV or NDJSON export, streamed
@@ -193,7 +203,7 @@ pub async fn data_export(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Http
     caller.require(Role::ReadOnly)?;
     let raw = RawParams::from_query(req.query_string())?;
     let request = ExportRequest { format: raw.format()?, filter: raw.filter()? };
-    stream(&req, request).await
+    stream(&req, &caller, request).await
 }
 
 /// ZIP of raw JSON records, streamed
@@ -209,7 +219,7 @@ pub async fn raw_json(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     caller.require(Role::ReadOnly)?;
     let mut filter = RawParams::from_query(req.query_string())?.filter()?;
     filter.include_deleted = false;
-    stream(&req, ExportRequest { format: ExportFormat::RawJson, filter }).await
+    stream(&req, &caller, ExportRequest { format: ExportFormat::RawJson, filter }).await
 }
 
 /// Start a background export
@@ -229,7 +239,10 @@ pub async fn create_job(
     let mut raw = RawParams::from_query(req.query_string())?;
     raw.merge_body(&body)?;
     let request = ExportRequest { format: raw.format()?, filter: raw.filter()? };
+    let details = export_details(&request, false);
     let job = st.actors.export_jobs.create_job(caller.username.clone(), request).await?;
+    let entry = audit_origin(&req, st, &caller.username).entry(Action::ExportStarted, Some(&job.id), details);
+    audit::append(&st.pool.get().await?, &entry).await?;
     Ok(HttpResponse::Accepted()
         .insert_header((header::LOCATION, format!("/dataexport/jobs/{}", job.id)))
         .json(ExportJob::from(&job)))
@@ -260,12 +273,18 @@ pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     caller.require(Role::ReadOnly)?;
     let id = path_param(&req, "id")?;
     let st = state(&req)?;
-    let file = st.actors.export_jobs.download(id, caller).await?;
+    let file = st.actors.export_jobs.download(id.clone(), caller.clone()).await?;
     // The sweep may remove the file between the answer and the open: that is a 404 too.
     let handle = tokio::fs::File::open(&file.path)
         .await
         .map_err(|_| ApiError::not_found("The export job's file has expired"))?;
     let len = handle.metadata().await?.len();
+    if req.method() != Method::HEAD {
+        let details = job_download_details(file.format);
+        let entry =
+            audit_origin(&req, st, &caller.username).entry(Action::ExportDownloaded, Some(&id), details);
+        audit::append(&st.pool.get().await?, &entry).await?;
+    }
     let mut builder = HttpResponse::Ok();
     export_headers(&mut builder, file.format, file.change_id);
     builder.no_chunking(len);

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::auth::{bearer_token, AuthUser};
 use crate::domain::api_version::ApiVersion;
+use crate::domain::audit::Origin;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::state::AppState;
 
@@ -228,6 +229,17 @@ pub fn client_ip(req: &HttpRequest, trusted: &[ipnet::IpNet]) -> IpAddr {
         .filter_map(|s| s.trim().parse::<IpAddr>().ok())
         .find(|ip| !is_trusted(trusted, ip))
         .unwrap_or(peer)
+}
+
+/// Who makes this request and from where, for the audit log (docs/api.md §18.4): `actor` (the
+/// caller, or the name a sign-in tried), the client IP as the rate limits see it, the request id.
+pub fn audit_origin(req: &HttpRequest, state: &AppState, actor: &str) -> Origin {
+    Origin {
+        actor: Some(actor.to_owned()),
+        client_ip: Some(client_ip(req, &state.config.trusted_proxies)),
+        request_id: Some(crate::telemetry::request_id::current()),
+        node: state.node.clone(),
+    }
 }
 
 /// The first value of a forwarding header (`x-forwarded-proto`, `-host`, `-prefix`), honoured

@@ -9,7 +9,7 @@ use crate::domain::formspec::{check_content, is_valid_identifier};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
-use crate::http::extract::{path_param, state, Auth, JsonBody};
+use crate::http::extract::{audit_origin, path_param, state, Auth, JsonBody};
 use crate::http::wire::formspecs::{
     FormSpec, FormSpecList, FormSpecListed, FormSpecRequest, FormSpecVersion, FormSpecVersions,
 };
@@ -69,7 +69,7 @@ pub async fn create(
         schema: schema.clone(),
         uischema: uischema.clone(),
     };
-    match st.actors.bundles.register_form_spec(spec).await? {
+    match st.actors.bundles.register_form_spec(spec, audit_origin(&req, st, &caller.username)).await? {
         Registration::Created(spec) => Ok(HttpResponse::Created().json(FormSpec::from(&spec))),
         Registration::Identical(spec) => Ok(HttpResponse::Ok().json(FormSpec::from(&spec))),
         Registration::Conflict(_) => Err(ApiError::new(

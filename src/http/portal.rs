@@ -31,6 +31,7 @@ static ASSETS: &[Asset] = &[
     asset!("icon.svg", "image/svg+xml"),
     asset!("api.js", JS),
     asset!("app.js", JS),
+    asset!("audit.js", JS),
     asset!("bundles.js", JS),
     asset!("chart.js", JS),
     asset!("devices.js", JS),

@@ -6,10 +6,11 @@ use uuid::Uuid;
 use crate::auth::AuthUser;
 use crate::db::presence;
 use crate::db::users::{self as db_users, UserRow, UserUpdate};
+use crate::domain::audit::Action;
 use crate::domain::role::Role;
 use crate::domain::user as rules;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::extract::{path_param, state, Auth, JsonBody};
+use crate::http::extract::{audit_origin, path_param, state, Auth, JsonBody};
 use crate::http::wire::users::{
     ChangePassword, CreateUser, ListedUser, Presence, ResetPassword, UpdateUser, User,
 };
@@ -83,8 +84,9 @@ pub async fn create(
         return Err(weak_password());
     }
     let hash = st.auth.hash_password(password.to_string()).await?;
-    let db = st.pool.get().await?;
-    let user = db_users::insert(&db, username, email.as_deref(), &hash, role).await?;
+    let origin = audit_origin(&req, st, &caller.username);
+    let mut db = st.pool.get().await?;
+    let user = db_users::create(&mut db, username, email.as_deref(), &hash, role, &origin).await?;
     Ok(HttpResponse::Created().json(User::from(&user)))
 }
 
@@ -137,8 +139,9 @@ pub async fn update(
         Some(p) if !rules::is_strong_enough(p) => return Err(weak_password()),
         Some(p) => Some(st.auth.hash_password(p.to_string()).await?),
     };
+    let origin = audit_origin(&req, st, &caller.username);
     let mut db = st.pool.get().await?;
-    let user = db_users::update(&mut db, &username, UserUpdate { role, email, password_hash })
+    let user = db_users::update(&mut db, &username, UserUpdate { role, email, password_hash }, &origin)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("User '{username}' not found")))?;
     st.auth.forget_cached_checks();
@@ -164,7 +167,10 @@ pub async fn delete(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespo
         },
     };
     let user = user.ok_or_else(|| ApiError::not_found(format!("User '{key}' not found")))?;
-    if !db_users::delete(&mut db, user.id).await? {
+    let details = serde_json::json!({"role": user.role.as_str()});
+    let entry =
+        audit_origin(&req, st, &caller.username).entry(Action::UserDeleted, Some(&user.username), details);
+    if !db_users::delete(&mut db, user.id, &entry).await? {
         return Err(ApiError::not_found(format!("User '{key}' not found")));
     }
     st.auth.forget_cached_checks();
@@ -205,7 +211,12 @@ pub async fn reset_password(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("User '{username}' not found")))?;
     let hash = st.auth.hash_password(new_password.to_string()).await?;
-    db_users::set_password(&mut db, user.id, &hash).await?;
+    let entry = audit_origin(&req, st, &caller.username).entry(
+        Action::PasswordReset,
+        Some(&user.username),
+        serde_json::json!({}),
+    );
+    db_users::set_password(&mut db, user.id, &hash, &entry).await?;
     st.auth.forget_cached_checks();
     Ok(HttpResponse::Ok().json(Message { message: "Password reset successfully" }))
 }
@@ -234,8 +245,13 @@ pub async fn change_password(
     let hash = st.auth.hash_password(new_password.to_string()).await?;
     // Taken only now: holding a connection across two bcrypt runs (or while current_user takes a
     // second one) starves the pool under load.
+    let entry = audit_origin(&req, st, &caller.username).entry(
+        Action::PasswordChanged,
+        Some(&user.username),
+        serde_json::json!({}),
+    );
     let mut db = st.pool.get().await?;
-    db_users::set_password(&mut db, user.id, &hash).await?;
+    db_users::set_password(&mut db, user.id, &hash, &entry).await?;
     st.auth.forget_cached_checks();
     Ok(HttpResponse::Ok().json(Message { message: "Password changed successfully" }))
 }

@@ -4,7 +4,9 @@
 mod helpers;
 
 mod attachments;
+mod audit;
 mod auth;
+mod backup;
 mod bundles;
 mod cli;
 mod clients2026;

@@ -27,11 +27,11 @@ pub(super) fn zip_path(root: &Path, version: &str) -> PathBuf {
     root.join("versions").join(format!("{version}.zip"))
 }
 
-pub(super) fn version_prefix(version: &str) -> String {
+pub fn version_prefix(version: &str) -> String {
     format!("versions/{version}/")
 }
 
-pub(super) fn zip_key(version: &str) -> String {
+pub fn zip_key(version: &str) -> String {
     format!("versions/{version}.zip")
 }
 

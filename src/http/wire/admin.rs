@@ -1,6 +1,7 @@
-//! Repository reset and the device list (docs/api.md §17.3, §17.4).
+//! Repository reset, the device list and the audit log (docs/api.md §17.3, §17.4, §18.4).
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::Text;
@@ -33,6 +34,33 @@ pub struct Device {
     pub username: String,
 }
 
+/// One audit log entry: who (`actor`, from `client_ip`, in request `request_id`, on `node`) did
+/// what (`action`) to what (`target`), and when.
+#[derive(Serialize, ToSchema)]
+pub struct AuditEntry {
+    #[schema(example = "user.role_change")]
+    pub action: String,
+    /// A username; null for the server itself (`server.start`).
+    pub actor: Option<String>,
+    #[schema(format = DateTime)]
+    pub at: String,
+    pub client_ip: Option<String>,
+    /// What the action needs besides its target (a role's old and new value, an export's filters).
+    #[schema(value_type = Object)]
+    pub details: Value,
+    pub id: i64,
+    pub node: String,
+    pub request_id: Option<String>,
+    pub target: Option<String>,
+}
+
+/// A page of the audit log, newest first; `next_page_token` is null on the last page.
+#[derive(Serialize, ToSchema)]
+pub struct AuditPage {
+    pub items: Vec<AuditEntry>,
+    pub next_page_token: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,6 +69,19 @@ mod tests {
     #[test]
     fn fields_are_in_map_order() {
         assert_map_order(&ResetAnswer { current_version: 1, message: "", repository_generation: 2 });
+        let entry = AuditEntry {
+            action: String::new(),
+            actor: None,
+            at: String::new(),
+            client_ip: None,
+            details: Value::Null,
+            id: 1,
+            node: String::new(),
+            request_id: None,
+            target: None,
+        };
+        assert_map_order(&entry);
+        assert_map_order(&AuditPage { items: vec![entry], next_page_token: None });
         assert_map_order(&Device {
             app_bundle_version: None,
             client_id: String::new(),
