@@ -29,6 +29,9 @@ pub enum Command {
     /// Statistics kept for `GET /stats/observations` and `GET /status`.
     #[command(subcommand)]
     Stats(StatsCommand),
+    /// File storage: copy to another STORAGE_URL, remove orphaned files (docs/storage.md).
+    #[command(subcommand)]
+    Storage(crate::storage::ops::StorageCommand),
     /// Write a backup archive (safe while the server runs), or check one with --verify.
     Backup {
         #[arg(long, required_unless_present = "verify", conflicts_with = "verify")]
@@ -95,6 +98,7 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         Command::Backup { output: Some(output), .. } => crate::backup::create::run(&config, &output).await,
         Command::Backup { verify, .. } => crate::backup::verify::run(&verify.unwrap_or_default()).await,
         Command::Restore { input, force } => crate::backup::restore::run(&config, &input, force).await,
+        Command::Storage(cmd) => crate::storage::ops::run(&config, cmd).await,
         Command::User(cmd) => {
             let (pool, embedded) = connect_and_migrate(&config).await?;
             let result = user_command(cmd, &config, &pool).await;

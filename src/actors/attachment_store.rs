@@ -196,17 +196,33 @@ impl Actor for AttachmentStore {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let tmp = self.paths.tmp_dir();
-        ctx.run_interval(Duration::from_secs(3600), move |_, _| {
-            let tmp = tmp.clone();
+        // At start, then hourly: stale temp files and stored files no row refers to.
+        let housekeeping = |store: &mut Self| {
+            let (tmp, area, pool, files) =
+                (store.paths.tmp_dir(), store.area.clone(), store.pool.clone(), store.files.clone());
             actix::spawn(async move {
                 let _ = tokio::task::spawn_blocking(move || sweep_temp(&tmp, STALE_TEMP_AGE)).await;
+                sweep_orphans(&area, &pool, &files).await;
             });
-        });
-        let tmp = self.paths.tmp_dir();
-        actix::spawn(async move {
-            let _ = tokio::task::spawn_blocking(move || sweep_temp(&tmp, STALE_TEMP_AGE)).await;
-        });
+        };
+        housekeeping(self);
+        ctx.run_interval(Duration::from_secs(3600), move |store, _| housekeeping(store));
+    }
+}
+
+/// Listed without the lock; the last check of the rows and the deletes hold it exclusively, so
+/// no upload commits a row for a file being removed.
+async fn sweep_orphans(area: &Area, pool: &Pool, files: &RwLock<()>) {
+    let swept = async {
+        let candidates = crate::storage::sweep::attachment_candidates(area, pool).await?;
+        let _exclusive = files.write().await;
+        crate::storage::sweep::remove_attachment_orphans(area, pool, candidates).await
+    }
+    .await;
+    match swept {
+        Ok(0) => {}
+        Ok(removed) => tracing::info!(removed, "removed attachment files without a row"),
+        Err(error) => tracing::warn!(%error, "attachment orphan sweep failed"),
     }
 }
 

@@ -279,6 +279,12 @@ impl Actor for BundleStore {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(REFRESH_INTERVAL, |store, ctx| store.refresh(ctx));
         actix::spawn(listen_loop(self.conn.clone(), ctx.address().downgrade()));
+        let sweep = |store: &mut Self| {
+            let (files, pool) = (store.files.clone(), store.pool.clone());
+            actix::spawn(async move { files.sweep(&pool).await });
+        };
+        sweep(self);
+        ctx.run_interval(Duration::from_secs(3600), move |store, _| sweep(store));
     }
 }
 

@@ -6,6 +6,8 @@
 
 mod local;
 mod object;
+pub mod ops;
+pub mod sweep;
 pub mod url;
 
 use std::ops::Range;

@@ -221,3 +221,71 @@ fn bucket_of(app: &TestApp) -> String {
         _ => panic!("not on S3"),
     }
 }
+
+#[actix_web::test]
+async fn storage_copy_moves_a_deployment_to_s3_resumably() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let (status, _) = app.put_bytes(&admin, "/attachments/moved.bin", b"moved bytes", None).await;
+    assert_eq!(status, StatusCode::OK);
+    app.push_bundle(&admin, small_bundle("20250101-000009", "moved"), true).await;
+
+    let s3 = S3Server::start().await;
+    let bucket = s3.bucket().await;
+    let env = s3.env(&bucket);
+    let target = storage_at(&env);
+    let scratch = tempfile::tempdir().expect("scratch");
+    let first =
+        synkronus::storage::ops::copy_all(&app.state.storage, &target, scratch.path()).await.expect("copy");
+    assert!(first.copied >= 7 && first.skipped == 0, "{first:?}");
+    // Again: nothing to do (an interrupted copy resumes the same way).
+    let again =
+        synkronus::storage::ops::copy_all(&app.state.storage, &target, scratch.path()).await.expect("copy");
+    assert_eq!((again.copied, again.skipped), (0, first.copied), "{again:?}");
+
+    // A server on the same database with the new STORAGE_URL serves everything.
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let moved = TestApp::spawn_on(app.db_conn.clone(), &pairs).await;
+    let (status, _, bytes) = moved.get_bytes(&admin, "/attachments/moved.bin").await;
+    assert_eq!((status, bytes), (StatusCode::OK, b"moved bytes".to_vec()));
+    let (status, _, bytes) = moved.get_bytes(&admin, "/app-bundle/download/app/index.html").await;
+    assert_eq!((status, bytes), (StatusCode::OK, b"<html>moved</html>".to_vec()));
+}
+
+#[actix_web::test]
+async fn the_orphan_sweep_removes_old_files_without_a_row_only() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let (status, body) = app.put_bytes(&admin, "/attachments/kept.bin", b"kept", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    app.push_bundle(&admin, small_bundle("20250101-000010", "kept"), true).await;
+    let area = &app.state.storage.attachments;
+    let bundles = &app.state.storage.bundles;
+    area.put_bytes("blobs/ff/ffff", Bytes::from_static(b"orphan")).await.expect("orphan");
+    bundles.put_bytes("versions/ghost.zip", Bytes::from_static(b"zip")).await.expect("ghost");
+    let old = std::time::SystemTime::now() - Duration::from_secs(7200);
+    for path in
+        [area.local_path("blobs/ff/ffff"), bundles.local_path("versions/ghost.zip")].into_iter().flatten()
+    {
+        std::fs::File::options().write(true).open(path).expect("open").set_modified(old).expect("mtime");
+    }
+    // Every file the rows name is old too: the rows keep them.
+    for entry in walkdir::WalkDir::new(app.data_root.path()).into_iter().flatten() {
+        if entry.file_type().is_file() && !entry.path().to_string_lossy().contains("postgres") {
+            let _ = std::fs::File::options().write(true).open(entry.path()).and_then(|f| f.set_modified(old));
+        }
+    }
+    area.put_bytes("blobs/ee/eeee", Bytes::from_static(b"young orphan")).await.expect("young");
+    let pool = &app.state.pool;
+    let candidates = synkronus::storage::sweep::attachment_candidates(area, pool).await.expect("candidates");
+    let removed =
+        synkronus::storage::sweep::remove_attachment_orphans(area, pool, candidates).await.expect("sweep");
+    assert_eq!(removed, 1);
+    assert_eq!(synkronus::storage::sweep::sweep_bundles(bundles, pool).await.expect("sweep"), 1);
+    assert_eq!(area.head("blobs/ff/ffff").await.expect("head"), None);
+    assert!(area.head("blobs/ee/eeee").await.expect("head").is_some(), "younger than an hour");
+    let (status, _, bytes) = app.get_bytes(&admin, "/attachments/kept.bin").await;
+    assert_eq!((status, bytes), (StatusCode::OK, b"kept".to_vec()));
+    let (status, _, _) = app.get_bytes(&admin, "/app-bundle/download-zip").await;
+    assert_eq!(status, StatusCode::OK);
+}

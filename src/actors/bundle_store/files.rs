@@ -99,6 +99,15 @@ impl BundleFiles {
         let _ = tokio::fs::remove_file(upload).await;
     }
 
+    /// Removes stored files of no stored version (docs/storage.md); a failure is logged.
+    pub(super) async fn sweep(&self, pool: &deadpool_postgres::Pool) {
+        match crate::storage::sweep::sweep_bundles(&self.area, pool).await {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(removed, "removed app bundle files without a row"),
+            Err(error) => tracing::warn!(%error, "app bundle orphan sweep failed"),
+        }
+    }
+
     /// Makes a version's files readable on this node (a no-op with the local backend).
     pub(super) async fn ensure(&self, info: &VersionInfo, active: Option<&str>) -> ApiResult<()> {
         match &self.cache {
