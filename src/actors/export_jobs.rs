@@ -139,6 +139,10 @@ impl ExportJobs {
         for id in expired {
             if let Some(job) = self.jobs.remove(&id) {
                 let _ = std::fs::remove_file(&job.path);
+                let (exports, key) = (self.engine.exports().clone(), crate::export::job_key(&job.path));
+                actix::spawn(async move {
+                    let _ = exports.delete(&key).await;
+                });
             }
         }
     }

@@ -56,7 +56,10 @@ pub struct Engine {
     runtime: Handle,
     pool: deadpool_postgres::Pool,
     slots: Arc<Semaphore>,
+    /// Where jobs write (`DATA_ROOT/exports`); finished files are stored in `exports` under
+    /// their file name, which is this folder itself with the default storage.
     dir: PathBuf,
+    exports: crate::storage::Area,
     /// Jobs' start and finish times (their files expire a TTL after the finish).
     clock: Clock,
 }
@@ -91,7 +94,22 @@ fn remove_stale_files(dir: &Path, ttl: Duration) {
     }
 }
 
+/// Job files of an earlier run kept in an object store, past their TTL.
+async fn remove_stale_stored(area: crate::storage::Area, ttl: Duration) {
+    let Ok(entries) = area.list("").await else { return };
+    for entry in entries {
+        if entry.modified.elapsed().is_ok_and(|age| age > ttl) {
+            let _ = area.delete(&entry.key).await;
+        }
+    }
+}
+
 impl Engine {
+    /// Where finished job files are stored (docs/storage.md).
+    pub fn exports(&self) -> &crate::storage::Area {
+        &self.exports
+    }
+
     /// Builds the export runtime and pool. `db_conn` is the same connection the main pool uses.
     pub fn start(
         config: &crate::config::Config,
@@ -117,11 +135,16 @@ impl Engine {
         let dir = config.data_root.join("exports");
         std::fs::create_dir_all(&dir)?;
         remove_stale_files(&dir, config.export_job_ttl);
+        let exports = crate::storage::Storage::open(config)?.exports;
+        if !exports.is_local() {
+            handle.spawn(remove_stale_stored(exports.clone(), config.export_job_ttl));
+        }
         let engine = Engine {
             runtime: handle,
             pool: crate::db::create_pool(db_conn, slots)?,
             slots: Arc::new(Semaphore::new(slots)),
             dir,
+            exports,
             clock,
         };
         Ok((Arc::new(engine), EngineStop { _stop: stop_tx }))
@@ -257,8 +280,10 @@ impl Engine {
             s.started_at = Some(self.clock.now());
         });
         let part = path.with_extension("part");
-        let result =
-            self.write_job(request, progress, &part).and_then(|()| Ok(std::fs::rename(&part, path)?));
+        let result = self
+            .write_job(request, progress, &part)
+            .and_then(|()| Ok(std::fs::rename(&part, path)?))
+            .and_then(|()| self.store_job_file(path));
         match result {
             Ok(()) => progress.update(|s| {
                 s.state = Some(JobState::Done);
@@ -274,6 +299,17 @@ impl Engine {
                 });
             }
         }
+    }
+
+    /// Moves a finished file into the exports area when that is not the folder it was written in.
+    fn store_job_file(&self, path: &Path) -> Result<(), RunError> {
+        let key = job_key(path);
+        if self.exports.local_path(&key).as_deref() == Some(path) {
+            return Ok(());
+        }
+        let stored = self.block(self.exports.put_file(&key, path));
+        let _ = std::fs::remove_file(path);
+        stored.map_err(|e| RunError::from(std::io::Error::other(e)))
     }
 
     fn write_job(
@@ -456,4 +492,9 @@ impl Run<'_, '_> {
             }
         }
     }
+}
+
+/// A job file's key in the exports area: its file name.
+pub fn job_key(path: &Path) -> String {
+    path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
 }

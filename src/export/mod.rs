@@ -21,5 +21,5 @@
 mod engine;
 mod sink;
 
-pub use engine::{Engine, EngineStop, JobProgress};
+pub use engine::{job_key, Engine, EngineStop, JobProgress};
 pub use sink::{ExportBody, PendingExport};

@@ -275,10 +275,13 @@ pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     let st = state(&req)?;
     let file = st.actors.export_jobs.download(id.clone(), caller.clone()).await?;
     // The sweep may remove the file between the answer and the open: that is a 404 too.
-    let handle = tokio::fs::File::open(&file.path)
-        .await
-        .map_err(|_| ApiError::not_found("The export job's file has expired"))?;
-    let len = handle.metadata().await?.len();
+    let expired = || ApiError::not_found("The export job's file has expired");
+    let key = crate::export::job_key(&file.path);
+    let len = st.storage.exports.head(&key).await?.ok_or_else(expired)?;
+    let body = st.storage.exports.get(&key, None).await.map_err(|e| match e {
+        crate::storage::StorageError::NotFound(_) => expired(),
+        other => other.into(),
+    })?;
     if req.method() != Method::HEAD {
         let details = job_download_details(file.format);
         let entry =
@@ -288,7 +291,7 @@ pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     let mut builder = HttpResponse::Ok();
     export_headers(&mut builder, file.format, file.change_id);
     builder.no_chunking(len);
-    Ok(builder.streaming(tokio_util::io::ReaderStream::new(handle)))
+    Ok(builder.streaming(body))
 }
 
 /// Record counts by form type

@@ -501,7 +501,11 @@ async fn wait_for_job(app: &TestApp, token: &str, id: &str) -> Value {
 
 #[actix_web::test]
 async fn export_job_runs_from_start_to_download() {
-    let app = TestApp::spawn().await;
+    export_job_runs_from_start_to_download_on(TestApp::spawn().await).await;
+}
+
+/// Also run against the S3 backend (tests/api/storage.rs).
+pub(crate) async fn export_job_runs_from_start_to_download_on(app: TestApp) {
     let admin = app.admin_token().await;
     let reader = app.user_token(&admin, "reader", "read-only").await;
     let other = app.user_token(&admin, "other", "read-write").await;

@@ -145,6 +145,11 @@ async fn bundle_push_switch_and_downloads_on_s3() {
 }
 
 #[actix_web::test]
+async fn export_jobs_on_s3() {
+    crate::export::export_job_runs_from_start_to_download_on(TestApp::with_s3(&[]).await).await;
+}
+
+#[actix_web::test]
 async fn bundle_retention_on_s3() {
     let app = TestApp::with_s3(&[("MAX_VERSIONS_KEPT", "2")]).await;
     crate::bundles::retention_keeps_the_active_and_newest_and_never_reuses_ids_on(app).await;
