@@ -410,23 +410,19 @@ impl Handler<Switch> for BundleStore {
 
 /// Reads the pointer; `None` when its generation is not newer than `known`.
 async fn read_pointer(job: &Job, known: i64) -> ApiResult<Option<Pointer>> {
-    let (pool, cache) = (&job.pool, &job.cache);
-    let db = pool.get().await?;
+    let db = job.pool.get().await?;
     let (version, generation) = db::bundles::active(&db).await?;
     if generation <= known {
         return Ok(None);
     }
+    // Only when the pointer moved: one look-up, then `load` answers from the cache if it can.
     let info = match version {
         None => None,
-        Some(version) => match cache.get(&version).map(|info| info.clone()) {
-            Some(info) => Some(info),
-            None => match db::bundles::find(&db, &version).await? {
-                Some(row) => Some(job.load(row)?),
-                None => {
-                    return Err(ApiError::internal(format!("active bundle version {version} has no row")))
-                }
-            },
-        },
+        Some(version) => {
+            let row = db::bundles::find(&db, &version).await?;
+            let missing = || ApiError::internal(format!("active bundle version {version} has no row"));
+            Some(job.load(row.ok_or_else(missing)?)?)
+        }
     };
     Ok(Some((generation, info)))
 }

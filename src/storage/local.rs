@@ -90,7 +90,12 @@ pub(super) async fn put_dir(root: &Path, prefix: &str, src: &Path) -> StorageRes
     if let Some(dir) = dest.parent() {
         tokio::fs::create_dir_all(dir).await?;
     }
-    tokio::fs::rename(src, &dest).await?;
+    if tokio::fs::rename(src, &dest).await.is_err() {
+        // Another file system (STORAGE_URL elsewhere than the staging folder): file by file.
+        for entry in list(src, "").await? {
+            link_new(&path(src, &entry.key), &path(&dest, &entry.key)).await?;
+        }
+    }
     Ok(sync_dir(dest.parent()).await?)
 }
 

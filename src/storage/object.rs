@@ -81,10 +81,22 @@ fn map_error(e: object_store::Error) -> StorageError {
 
 /// Runs one store call within [`STORE_TIMEOUT`].
 async fn bounded<T>(call: impl Future<Output = object_store::Result<T>>) -> StorageResult<T> {
-    match tokio::time::timeout(STORE_TIMEOUT, call).await {
+    bounded_by(STORE_TIMEOUT, call).await
+}
+
+async fn bounded_by<T>(
+    limit: Duration,
+    call: impl Future<Output = object_store::Result<T>>,
+) -> StorageResult<T> {
+    match tokio::time::timeout(limit, call).await {
         Ok(result) => result.map_err(map_error),
-        Err(_) => Err(StorageError::Unavailable(format!("no answer within {} s", STORE_TIMEOUT.as_secs()))),
+        Err(_) => Err(StorageError::Unavailable(format!("no answer within {} s", limit.as_secs()))),
     }
+}
+
+/// An upload of `bytes` may take longer than a small call: a second more per MiB.
+fn upload_limit(bytes: u64) -> Duration {
+    STORE_TIMEOUT + Duration::from_secs(bytes / (1024 * 1024))
 }
 
 /// One prefix of a bucket.
@@ -122,7 +134,10 @@ impl ObjectArea {
 
     pub(super) async fn put_bytes(&self, key: &str, bytes: Bytes) -> StorageResult<()> {
         let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-        bounded(self.store.put_opts(&self.path(key), PutPayload::from(bytes), opts)).await.map(|_| ())
+        let limit = upload_limit(bytes.len() as u64);
+        bounded_by(limit, self.store.put_opts(&self.path(key), PutPayload::from(bytes), opts))
+            .await
+            .map(|_| ())
     }
 
     pub(super) async fn put_file(&self, key: &str, src: &Path) -> StorageResult<()> {
@@ -146,14 +161,14 @@ impl ObjectArea {
                 if n == 0 {
                     break;
                 }
-                bounded(writer.wait_for_capacity(4)).await?;
+                bounded_by(upload_limit(MULTIPART_THRESHOLD), writer.wait_for_capacity(4)).await?;
                 writer.write(&buf[..n]);
             }
             StorageResult::Ok(())
         }
         .await;
         match written {
-            Ok(()) => bounded(writer.finish()).await.map(|_| ()),
+            Ok(()) => bounded_by(upload_limit(MULTIPART_THRESHOLD), writer.finish()).await.map(|_| ()),
             Err(e) => {
                 let _ = tokio::time::timeout(STORE_TIMEOUT, writer.abort()).await;
                 Err(e)
@@ -220,17 +235,25 @@ impl ObjectArea {
             None => full.clone(),
         };
         let wanted = format!("{}{prefix}", self.prefix);
-        let listing = self.store.list(Some(&folder)).try_collect::<Vec<_>>();
-        let metas = bounded(listing).await?;
-        Ok(metas
-            .into_iter()
-            .filter(|meta| meta.location.as_ref().starts_with(&wanted))
-            .map(|meta| Entry {
-                key: self.key_of(&meta.location),
-                size: meta.size,
-                modified: meta.last_modified.into(),
-            })
-            .collect())
+        // A listing comes in pages: each is bounded, the whole is not (buckets may be big).
+        let mut listing = self.store.list(Some(&folder));
+        let mut out = Vec::new();
+        loop {
+            let next = tokio::time::timeout(STORE_TIMEOUT, listing.next()).await;
+            let meta = match next {
+                Ok(Some(meta)) => meta.map_err(map_error)?,
+                Ok(None) => break,
+                Err(_) => return Err(StorageError::Unavailable("listing stalled".into())),
+            };
+            if meta.location.as_ref().starts_with(&wanted) {
+                out.push(Entry {
+                    key: self.key_of(&meta.location),
+                    size: meta.size,
+                    modified: meta.last_modified.into(),
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// A listing of at most one key: the bucket exists and answers.
