@@ -21,6 +21,24 @@ pub struct Health {
     #[schema(format = DateTime)]
     pub timestamp: String,
     pub version: &'static str,
+    /// Each read replica of `DB_READ_REPLICAS`, in that order (docs/api.md §18.3); absent when
+    /// none is configured.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaHealth>,
+}
+
+/// One read replica as the background checker last saw it. Named by position, not by host:
+/// `/health` is public.
+#[derive(Serialize, ToSchema)]
+pub struct ReplicaHealth {
+    /// `replica-1`, `replica-2`, ... in `DB_READ_REPLICAS` order.
+    pub name: String,
+    /// `healthy` (in rotation), `lagging`, `unreachable` or `starting` (not checked yet).
+    pub state: &'static str,
+    /// Replay lag in seconds (0 when everything received is replayed); null when unknown.
+    pub lag_seconds: Option<f64>,
+    /// `pg_last_wal_replay_lsn()` at the last check.
+    pub replay_lsn: Option<String>,
 }
 
 /// `GET /ready` once start-up is done and the database answers.
