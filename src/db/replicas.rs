@@ -197,7 +197,7 @@ impl ReadRouter {
         position: impl Fn(&T) -> i64,
         run: impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> DbResult<Served<T>> {
-        if let Some(value) = self.from_replica(cursor, &position, &run).await {
+        if let Some(value) = self.on_some_replica(cursor, &position, &run).await {
             return Ok(Served { value, by: Target::Replica });
         }
         let value = run(self.primary.get().await?).await?;
@@ -225,7 +225,7 @@ impl ReadRouter {
     }
 
     /// `None`: no replica in rotation, or the chosen one failed or stayed behind the cursor.
-    async fn from_replica<'a, T>(
+    async fn on_some_replica<'a, T>(
         &self,
         cursor: Option<i64>,
         position: &impl Fn(&T) -> i64,
