@@ -452,11 +452,11 @@ async fn exports_and_statistics_from_a_replica_equal_the_primarys() {
         if path.starts_with("/stats") {
             let strip = |t: &str| {
                 let mut v: Value = serde_json::from_str(t).unwrap();
-                v.as_object_mut().unwrap().remove("computed_at");
+                v.as_object_mut().unwrap().remove("computedAt");
                 v
             };
             assert_eq!(strip(&a), strip(&b), "{path}");
-            assert_eq!(strip(&a)["total_count"], 10, "{a}");
+            assert_eq!(strip(&a)["totalCount"], 10, "{a}");
         } else {
             assert_eq!(a, b, "{path}");
             assert!(!a.is_empty());
