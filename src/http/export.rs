@@ -159,6 +159,7 @@ async fn stream(req: &HttpRequest, request: ExportRequest) -> ApiResult<HttpResp
         let head = sql::current_head(&st.pool.get().await?).await?;
         let mut builder = HttpResponse::Ok();
         export_headers(&mut builder, request.format, head);
+        builder.insert_header((crate::http::context::X_SERVED_BY.clone(), "primary"));
         return Ok(builder.finish());
     }
     let format = request.format;

@@ -116,11 +116,22 @@ impl ReplicaPair {
         Self::query(conn, "SELECT head FROM change_head").await.get(0)
     }
 
+    /// The standby's change head; -1 while it has not replayed the migrations yet.
+    async fn replica_head(&self) -> i64 {
+        let (client, connection) =
+            tokio_postgres::connect(&self.replica_conn(), tokio_postgres::NoTls).await.expect("connect");
+        let driver = tokio::spawn(connection);
+        let head = client.query_one("SELECT head FROM change_head", &[]).await.map_or(-1, |r| r.get(0));
+        drop(client);
+        let _ = driver.await;
+        head
+    }
+
     /// Waits until the standby shows the primary's change head.
     pub async fn wait_replayed(&self) {
         let target = Self::head(&self.primary_conn()).await;
         let deadline = Instant::now() + Duration::from_secs(20);
-        while Self::head(&self.replica_conn()).await < target {
+        while self.replica_head().await < target {
             assert!(Instant::now() < deadline, "the replica did not catch up");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -254,18 +265,20 @@ struct Pulled {
     seen: BTreeMap<String, i64>,
     cursor: i64,
     from_replica: usize,
+    pulls: usize,
 }
 
 /// Follows the cursor until `done` is set and the cursor has reached `total`, asserting on every
 /// page: 200, strictly increasing change_ids, no record twice, the cursor never going back.
 async fn follow(app: &TestApp, token: String, limit: i64, total: i64, done: Arc<AtomicBool>) -> Pulled {
-    let mut out = Pulled { seen: BTreeMap::new(), cursor: 0, from_replica: 0 };
+    let mut out = Pulled { seen: BTreeMap::new(), cursor: 0, from_replica: 0, pulls: 0 };
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let finished = done.load(Ordering::SeqCst);
         let (status, body, by) = pull(app, &token, out.cursor, limit).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         out.from_replica += usize::from(by == "replica");
+        out.pulls += 1;
         let mut last = out.cursor;
         for r in body["records"].as_array().expect("records") {
             let v = r["version"].as_i64().expect("version");
@@ -356,14 +369,18 @@ async fn no_skipped_change_with_a_replica_paused_at_random() {
             (0..PUSHES_EACH).flat_map(move |n| (0..RECORDS_EACH).map(move |k| format!("d{d}-{n}-{k}")))
         })
         .collect();
-    let mut from_replica = 0;
+    let (mut from_replica, mut pulls) = (0, 0);
     for p in pullers {
         let pulled = p.await.expect("puller");
         let got: HashSet<String> = pulled.seen.keys().cloned().collect();
         assert_eq!(got, expected, "a puller missed changes");
         assert_eq!(pulled.cursor, total);
         from_replica += pulled.from_replica;
+        pulls += pulled.pulls;
     }
+    eprintln!(
+        "{pulls} pulls, {from_replica} served by the replica, replay paused or resumed {toggles} times"
+    );
     assert!(toggles >= 2, "replay was paused and resumed");
     assert!(from_replica > 0, "the replica served pulls");
 }
