@@ -268,10 +268,10 @@ impl ReadRouter {
         }
         // A cursor above the primary's head (P6, e.g. after a database restore) can never be
         // reached: the replica need only show what the primary would.
-        let target = match super::records::head(&self.primary.get().await?).await {
-            Ok(primary_head) => cursor.min(primary_head),
-            Err(_) => cursor,
-        };
+        // The primary failing here is not the replica's fault: then the cursor alone decides.
+        let primary_head: DbResult<i64> =
+            async { super::records::head(&self.primary.get().await?).await }.await;
+        let target = primary_head.map_or(cursor, |head| cursor.min(head));
         if position(&value) >= target {
             return Ok(Some(value));
         }
