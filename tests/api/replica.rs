@@ -241,6 +241,20 @@ async fn a_lagging_replica_is_waited_for_then_the_primary_answers() {
     assert!(body["current_version"].as_i64().unwrap() >= h, "monotonic: {body} below {h}");
     assert_eq!(by, "primary", "the paused replica is behind the cursor");
     assert!(took < Duration::from_millis(MAX_WAIT_MS + 700), "answered after {took:?}");
+    // The other cursor-carrying reads: the spec dialect under a prefix, and the manifest.
+    for path in [
+        format!("/api/v1/sync/pull?client_id=x&since={h}"),
+        format!("/attachments/manifest?after_change_id={h}"),
+    ] {
+        let res = app.send(Method::GET, &path, Some(&admin), None).await;
+        assert_eq!((res.status(), served_by(&res).as_str()), (StatusCode::OK, "primary"), "{path}");
+        let body: Value = res.json().await.unwrap();
+        assert!(body["change_cutoff"].as_i64().unwrap() >= h, "{path}: {body}");
+    }
+    let (status, body) =
+        app.call(Method::GET, "/attachments/manifest?after_change_id=0", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body["change_cutoff"].as_i64().unwrap() < h, "served by the paused replica: {body}");
     // A cursor the paused replica has reached is still served by it.
     let (status, body, by) = pull(&app, &admin, 0, 50).await;
     assert_eq!((status, by.as_str()), (StatusCode::OK, "replica"), "{body}");
@@ -310,7 +324,7 @@ async fn no_skipped_change_with_a_replica_paused_at_random() {
     let admin = app.admin_token().await;
     wait_in_rotation(&app, Duration::from_secs(10)).await;
     const PUSHERS: usize = 8;
-    const PUSHES_EACH: usize = 6;
+    const PUSHES_EACH: usize = 12;
     const RECORDS_EACH: usize = 4;
     let total = (PUSHERS * PUSHES_EACH * RECORDS_EACH) as i64;
     let done = Arc::new(AtomicBool::new(false));
@@ -321,7 +335,8 @@ async fn no_skipped_change_with_a_replica_paused_at_random() {
         tokio::spawn(async move {
             let mut toggles = 0;
             while !done.load(Ordering::SeqCst) {
-                let sleep = rand::thread_rng().gen_range(5..120);
+                // Some pauses outlast REPLICA_MAX_WAIT_MS, so both the wait and the fallback happen.
+                let sleep = rand::thread_rng().gen_range(5..450);
                 tokio::time::sleep(Duration::from_millis(sleep)).await;
                 let sql = if toggles % 2 == 0 {
                     "SELECT pg_wal_replay_pause()::text"
@@ -353,7 +368,7 @@ async fn no_skipped_change_with_a_replica_paused_at_random() {
                     let body = json!({"transmission_id": format!("{d}-{n}"), "client_id": format!("dev-{d}"), "records": records});
                     let (status, body) = app.push(&token, body).await;
                     assert_eq!(status, StatusCode::OK, "{body}");
-                    let pause = rand::thread_rng().gen_range(0..40);
+                    let pause = rand::thread_rng().gen_range(0..100);
                     tokio::time::sleep(Duration::from_millis(pause)).await;
                 }
             })
