@@ -87,6 +87,29 @@ pub fn rate_limited(limit: &'static str) {
     counter!("synkronus_rate_limited_total", "limit" => limit).increment(1);
 }
 
+/// One routed read (docs/api.md §18.3), by the database that answered: `primary` or `replica`.
+pub fn db_read(target: &'static str) {
+    counter!("synkronus_db_reads_total", "target" => target).increment(1);
+}
+
+/// A read meant for a replica that the primary answered: `behind` (the replica did not reach the
+/// client's cursor in time) or `error` (it failed).
+pub fn db_read_fallback(reason: &'static str) {
+    counter!("synkronus_db_read_fallbacks_total", "reason" => reason).increment(1);
+}
+
+/// A replica's rotation state and replay lag as the checker last saw them.
+pub fn replica_state(replica: &str, in_rotation: bool, lag_seconds: Option<f64>) {
+    gauge!("synkronus_db_replica_in_rotation", "replica" => replica.to_string()).set(if in_rotation {
+        1.0
+    } else {
+        0.0
+    });
+    if let Some(lag) = lag_seconds {
+        gauge!("synkronus_db_replica_lag_seconds", "replica" => replica.to_string()).set(lag);
+    }
+}
+
 /// Counts one running export for as long as it lives.
 pub struct ExportRunning(());
 
@@ -113,6 +136,12 @@ fn describe_defaults() {
             counter!("synkronus_rate_limited_total", "limit" => limit).increment(0);
         }
         counter!("synkronus_sync_push_replays_total").increment(0);
+        for target in ["primary", "replica"] {
+            counter!("synkronus_db_reads_total", "target" => target).increment(0);
+        }
+        for reason in ["behind", "error"] {
+            counter!("synkronus_db_read_fallbacks_total", "reason" => reason).increment(0);
+        }
         counter!("synkronus_attachment_bytes_uploaded_total").increment(0);
         gauge!("synkronus_exports_running").increment(0.0);
     });

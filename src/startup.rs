@@ -128,9 +128,17 @@ impl Application {
         check_data_root(&config)?;
         let actors = crate::actors::start(&config, &pool, &conn, &clock).await?;
 
+        let reads = crate::db::replicas::ReadRouter::new(
+            pool.clone(),
+            &config.db_read_replicas,
+            config.db_pool_size,
+            config.replica_max_wait,
+            config.replica_max_lag,
+        )?;
         let state = AppState {
             config: config.clone(),
             pool,
+            reads,
             auth,
             login_limiter: Arc::new(LoginLimiter::new(config.rate_limit_login_per_min)),
             user_limiter: Arc::new(crate::auth::user_rate::UserLimiter::new(

@@ -142,6 +142,36 @@ pub static VARIABLES: &[Variable] = &[
         "Connections per process for requests (≥ 2); the change log keeps 2 more, each running export 1",
         set!(db_pool_size = |raw| at_least(raw, 2)),
     ),
+    Variable::optional(
+        "DB_READ_REPLICAS",
+        "empty",
+        "Comma-separated connection strings (forms of `DB_CONNECTION`) of PostgreSQL hot-standby replicas \
+         of the primary; pulls, manifests, listings, exports, statistics and `GET /devices` are read from them",
+        |c, raw| {
+            let mut replicas = Vec::new();
+            for conn in raw.unwrap_or_default().split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                crate::db::parse_connection(conn)?;
+                replicas.push(conn.to_string());
+            }
+            c.db_read_replicas = replicas;
+            Ok(())
+        },
+    ),
+    Variable::defaulted(
+        "REPLICA_MAX_WAIT_MS",
+        "500",
+        "How long a read may wait for a replica to catch up with the client's cursor before the primary answers",
+        |c, raw| {
+            c.replica_max_wait = Duration::from_millis(number(raw)?);
+            Ok(())
+        },
+    ),
+    Variable::defaulted(
+        "REPLICA_MAX_LAG_SECONDS",
+        "30",
+        "A replica further behind (or unreachable) leaves the rotation; it is re-checked every 5 s",
+        set!(replica_max_lag = seconds),
+    ),
     Variable::required(
         "JWT_SECRET",
         "is required (at least 32 bytes)",

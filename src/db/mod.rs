@@ -11,6 +11,7 @@ pub mod export;
 pub mod formspecs;
 pub mod presence;
 pub mod records;
+pub mod replicas;
 pub mod stats;
 pub mod status;
 pub mod supervision;

@@ -8,8 +8,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::http::context::SERVER_VERSION;
 use crate::http::extract::{state, Auth};
 use crate::http::wire::info::{
-    ApiVersionStatus, ApiVersions, BuildInfo, DatabaseInfo, Health, Ready, ServerInfo, ServiceDescriptor,
-    Status, SystemInfo, Version,
+    ApiVersionStatus, ApiVersions, BuildInfo, DatabaseInfo, Health, Ready, ReplicaHealth, ServerInfo,
+    ServiceDescriptor, Status, SystemInfo, Version,
 };
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -41,6 +41,20 @@ async fn database_answers(st: &AppState) -> bool {
     matches!(tokio::time::timeout(Duration::from_secs(2), probe).await, Ok(Some(_)))
 }
 
+fn replica_health(st: &AppState) -> Vec<ReplicaHealth> {
+    st.reads
+        .reports()
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| ReplicaHealth {
+            name: format!("replica-{}", i + 1),
+            state: r.state.as_str(),
+            lag_seconds: r.lag_seconds,
+            replay_lsn: r.replay_lsn,
+        })
+        .collect()
+}
+
 /// Liveness and database check
 ///
 /// Public.
@@ -54,6 +68,7 @@ pub async fn health(req: HttpRequest) -> ApiResult<HttpResponse> {
             status: "OK",
             timestamp: now,
             version: SERVER_VERSION,
+            replicas: replica_health(st),
         }))
     } else {
         Err(ApiError::unavailable("health check: database did not answer within 2 s")

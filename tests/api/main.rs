@@ -20,6 +20,7 @@ mod hostile;
 mod metrics;
 mod openapi;
 mod portal;
+mod replica;
 mod resilience;
 mod stats;
 mod sync;
