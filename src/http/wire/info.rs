@@ -17,6 +17,8 @@ pub struct ServiceDescriptor {
 #[derive(Serialize, ToSchema)]
 pub struct Health {
     pub database: &'static str,
+    /// `NODE_ID`: which node answered (docs/api.md §18.2).
+    pub node: String,
     pub status: &'static str,
     #[schema(format = DateTime)]
     pub timestamp: String,
@@ -109,7 +111,13 @@ mod tests {
             service: "",
             version: "",
         });
-        assert_map_order(&Health { database: "", status: "", timestamp: String::new(), version: "" });
+        assert_map_order(&Health {
+            database: "",
+            node: String::new(),
+            status: "",
+            timestamp: String::new(),
+            version: "",
+        });
         assert_map_order(&Version {
             build: BuildInfo { build_time: "", commit: "", go_version: "" },
             build_time: "",
