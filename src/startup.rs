@@ -125,12 +125,14 @@ impl Application {
         bootstrap_admin(&config, &pool, &auth).await?;
         check_data_root(&config)?;
         let actors = crate::actors::start(&config, &pool, &conn, &clock).await?;
+        let login_limiter = Arc::new(LoginLimiter::new(config.rate_limit_login_per_min, pool.clone()));
+        login_limiter.spawn_sweeper();
 
         let state = AppState {
             config: config.clone(),
             pool,
             auth,
-            login_limiter: Arc::new(LoginLimiter::new(config.rate_limit_login_per_min)),
+            login_limiter,
             user_limiter: Arc::new(crate::auth::user_rate::UserLimiter::new(
                 config.rate_limit_per_user_per_sec,
                 clock.clone(),

@@ -301,13 +301,13 @@ pub static VARIABLES: &[Variable] = &[
     Variable::defaulted(
         "RATE_LIMIT_LOGIN_PER_MIN",
         "10",
-        "Login attempts per (IP, username) per minute; 0 = off",
+        "Login attempts per (IP, username) per minute, counted for all nodes together (in the database); 0 = off",
         set!(rate_limit_login_per_min = number),
     ),
     Variable::defaulted(
         "RATE_LIMIT_PER_USER_PER_SEC",
         "0",
-        "Authenticated requests per user per second; 0 = off",
+        "Authenticated requests per user per second, counted by each node on its own; 0 = off",
         set!(rate_limit_per_user_per_sec = number),
     ),
     Variable::defaulted(

@@ -7,6 +7,7 @@ pub mod embedded;
 pub mod error;
 pub mod export;
 pub mod formspecs;
+pub mod login_attempts;
 pub mod presence;
 pub mod records;
 pub mod stats;
