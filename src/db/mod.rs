@@ -6,6 +6,7 @@ pub mod commit;
 pub mod embedded;
 pub mod error;
 pub mod export;
+pub mod export_jobs;
 pub mod formspecs;
 pub mod login_attempts;
 pub mod presence;
