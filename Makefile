@@ -14,7 +14,8 @@ deps:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
 	fi
 
-## What the tests need besides: Chromium, its driver, Node.js and the browser tests' npm packages.
+## What the tests need besides: Chromium, its driver, Node.js and the browser tests' npm packages,
+## and nginx (the cluster test's load balancer).
 test-deps: deps
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1 \
 		|| ! command -v npm >/dev/null 2>&1; then \
@@ -24,6 +25,10 @@ test-deps: deps
 	fi
 	@if [ ! -d portal-tests/node_modules/playwright-core ]; then \
 		cd portal-tests && npm ci --no-audit --no-fund; \
+	fi
+	@if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then \
+		echo "installing nginx (apt-get), the load balancer of the cluster test"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx; \
 	fi
 
 ## A JWT secret is required; generate one once, kept in .env (never committed).

@@ -8,6 +8,7 @@ mod auth;
 mod bundles;
 mod cli;
 mod clients2026;
+mod cluster;
 mod conventions;
 mod crash;
 mod defaults;
