@@ -2,8 +2,9 @@
 //! processes on one database and one data root, and nginx in front of them, round robin, without
 //! stickiness. Through nginx the cluster must behave as one server: no skipped or repeated change
 //! for cursor-following pullers while devices push, attachments and export jobs readable on
-//! another node than the one that wrote them, a bundle switch served everywhere within 1 s, and a
-//! node killed with SIGKILL in a push storm losing no acknowledged push.
+//! another node than the one that wrote them, a bundle switch served everywhere within 1 s, a
+//! node killed with SIGKILL in a push storm losing no acknowledged push, and the export job of a
+//! node killed with SIGKILL failed by another node within a minute.
 //!
 //! nginx comes from `make test-deps` (the Debian package); the test fails, saying so, without it.
 
@@ -230,6 +231,49 @@ async fn export_job_started_on_one_node_is_downloaded_on_another(
     assert_eq!(lines, records, "one line per pushed record");
 }
 
+/// An export job queued on `node`, named `name` (its only export slot held by a streamed export nobody reads)
+/// when the node is killed with SIGKILL: another node marks it failed within 60 s.
+async fn a_job_whose_node_is_killed_becomes_failed(
+    node: &mut ChildServer,
+    name: &str,
+    lb: &Api,
+    token: &str,
+) {
+    let (db, connection) =
+        tokio_postgres::connect(&node.db_conn, tokio_postgres::NoTls).await.expect("connect to the database");
+    tokio::spawn(connection);
+    // Far more NDJSON than the body channel and the socket buffers hold.
+    crate::export::insert_bulk(&db, 20_000, 600).await;
+    let held = node
+        .client
+        .get(node.url("/data/export?format=json"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("streamed export");
+    assert_eq!(held.status(), StatusCode::OK);
+    let (status, job) = node.call(Method::POST, "/dataexport/jobs?format=csv", Some(token), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{job}");
+    let id = job["job_id"].as_str().expect("job id").to_string();
+    let (_, job) = node.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(token), None).await;
+    assert_eq!(job["state"], "queued", "{job}");
+    node.kill().await;
+    drop(held);
+    let killed = Instant::now();
+    loop {
+        let (status, job) = lb.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(token), None).await;
+        assert_eq!(status, StatusCode::OK, "{job}");
+        if job["state"] == "failed" {
+            let error = job["error"].as_str().unwrap_or_default();
+            assert!(error.contains(name), "the message names the dead node: {error}");
+            break;
+        }
+        assert_eq!(job["state"], "queued", "{job}");
+        assert!(killed.elapsed() < Duration::from_secs(60), "still {job} a minute after its node died");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 #[actix_web::test]
 async fn three_nodes_behind_nginx_behave_as_one_server() {
     let db = fresh_database().await;
@@ -242,7 +286,9 @@ async fn three_nodes_behind_nginx_behave_as_one_server() {
     let mut nodes = Vec::new();
     for name in NODES {
         let log = scratch.path().join(format!("{name}.log"));
-        let env = [("NODE_ID", name), ("DB_POOL_SIZE", "8")];
+        // node-b has one export slot, for the job that its death must fail.
+        let slots = if name == "node-b" { "1" } else { "2" };
+        let env = [("NODE_ID", name), ("DB_POOL_SIZE", "8"), ("EXPORT_MAX_CONCURRENT", slots)];
         nodes.push(ChildServer::start(&db_conn, &data_root, log, &env).await);
     }
     let ports: Vec<u16> = nodes
@@ -298,6 +344,7 @@ async fn three_nodes_behind_nginx_behave_as_one_server() {
 
     export_job_started_on_one_node_is_downloaded_on_another(&nodes[0], &nodes[1], &lb, &token, all.len())
         .await;
+    a_job_whose_node_is_killed_becomes_failed(&mut nodes[1], NODES[1], &lb, &token).await;
     drop(nginx);
     drop(nodes);
 }

@@ -82,7 +82,7 @@ async fn insert(db: &tokio_postgres::Client, o: &Obs) -> i64 {
 }
 
 /// `n` records of form type `bulk` with `data = {n, half, label, pad}`, as changes head+1..head+n.
-async fn insert_bulk(db: &tokio_postgres::Client, n: i64, pad: usize) {
+pub(crate) async fn insert_bulk(db: &tokio_postgres::Client, n: i64, pad: usize) {
     db.batch_execute(&format!(
         "BEGIN;
          INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at,
