@@ -131,7 +131,7 @@ async fn user_command(
     use crate::domain::user as rules;
     let auth = crate::auth::AuthService::from_config(config, crate::clock::Clock::default())?;
     // An operator at the console: the server itself, as far as the audit log can tell.
-    let origin = Origin::server(&crate::startup::node_name());
+    let origin = Origin::server(&config.node_id);
     match cmd {
         UserCommand::Create { username, password, role, email } => {
             rules::validate_username(&username).map_err(|p| anyhow::anyhow!(p.0))?;

@@ -51,6 +51,8 @@ pub enum DatabaseConfig {
 pub struct Config {
     pub port: u16,
     pub bind_address: IpAddr,
+    /// This node's name (`NODE_ID`): logs, metrics, `/health`, the export jobs it runs.
+    pub node_id: String,
     pub database: DatabaseConfig,
     pub db_pool_size: usize,
     /// Hot-standby replicas that serve reads (docs/api.md §18.3).
@@ -96,6 +98,7 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field("port", &self.port)
             .field("bind_address", &self.bind_address)
+            .field("node_id", &self.node_id)
             .field("data_root", &self.data_root)
             .field("db_pool_size", &self.db_pool_size)
             .field("record_validation", &self.record_validation)
@@ -128,6 +131,7 @@ impl Config {
         Config {
             port: 0,
             bind_address: IpAddr::from([0, 0, 0, 0]),
+            node_id: String::new(),
             database: DatabaseConfig::External(String::new()),
             db_pool_size: 0,
             db_read_replicas: Vec::new(),
@@ -253,6 +257,7 @@ mod tests {
         let c = load_without("DB_CONNECTION").expect("defaults");
         assert_eq!(c.port, 8080);
         assert_eq!(c.bind_address, IpAddr::from([0, 0, 0, 0]));
+        assert!(c.node_id.ends_with(":8080") && c.node_id.len() > 5, "{}", c.node_id);
         assert!(
             matches!(&c.database, DatabaseConfig::Embedded { pg_run_as, pg_bin_dir: None } if pg_run_as == "postgres")
         );
@@ -386,6 +391,11 @@ mod tests {
             "::1".parse::<IpAddr>().unwrap()
         );
         refused(&[("BIND_ADDRESS", "localhost")], "BIND_ADDRESS");
+        assert_eq!(load(&[("NODE_ID", " node-a ")]).expect("node").node_id, "node-a");
+        assert!(load(&[("NODE_ID", "db1:9000"), ("PORT", "9000")]).is_ok());
+        assert!(load(&[("PORT", "9001")]).expect("port").node_id.ends_with(":9001"));
+        refused(&[("NODE_ID", "node a")], "NODE_ID");
+        refused(&[("NODE_ID", &"n".repeat(101))], "NODE_ID");
         let c = load(&[("PUBLIC_URL", "https://sync.example.org/synk/")]).expect("public url");
         assert_eq!(c.public_url.as_deref(), Some("https://sync.example.org/synk"));
         assert_eq!(load(&[("PUBLIC_URL", "")]).expect("empty").public_url, None);

@@ -147,10 +147,33 @@ fn describe_defaults() {
     });
 }
 
-/// The exposition text of everything recorded so far.
-pub fn render() -> String {
+/// The exposition text of everything recorded so far, every series labelled with `node`.
+///
+/// The label is added here rather than as a global label of the recorder: the recorder is one per
+/// process, and the tests run several servers (nodes) in one process.
+pub fn render(node: &str) -> String {
     describe_defaults();
-    handle().render()
+    with_node_label(&handle().render(), node)
+}
+
+/// Adds `node="…"` first to the labels of every sample line; comments pass unchanged.
+fn with_node_label(text: &str, node: &str) -> String {
+    let escaped = node.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+    let mut out = String::with_capacity(text.len() + text.len() / 4);
+    for line in text.lines() {
+        if line.is_empty() || line.starts_with('#') {
+            out.push_str(line);
+        } else if let Some(brace) = line.find('{').filter(|b| line.find(' ').is_none_or(|s| *b < s)) {
+            let (name, labels) = line.split_at(brace + 1);
+            out.push_str(&format!("{name}node=\"{escaped}\",{labels}"));
+        } else if let Some((name, value)) = line.split_once(' ') {
+            out.push_str(&format!("{name}{{node=\"{escaped}\"}} {value}"));
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
 }
 
 pub fn db_pool_connections(idle: usize, busy: usize) {
@@ -172,4 +195,21 @@ pub fn set_active_bundle(active: Option<String>) {
         gauge!("synkronus_bundle_active_info", "version" => new.clone()).set(1.0);
     }
     *shown = active;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_node_label;
+
+    #[test]
+    fn every_sample_gets_the_node_label() {
+        let text = "# HELP x_total Things\n# TYPE x_total counter\nx_total 3\n\
+                    y{route=\"/a b\",status=\"200\"} 1\nz_bucket{le=\"+Inf\"} 2\n\n";
+        let labelled = with_node_label(text, "n\"1");
+        assert_eq!(
+            labelled,
+            "# HELP x_total Things\n# TYPE x_total counter\nx_total{node=\"n\\\"1\"} 3\n\
+             y{node=\"n\\\"1\",route=\"/a b\",status=\"200\"} 1\nz_bucket{node=\"n\\\"1\",le=\"+Inf\"} 2\n\n"
+        );
+    }
 }

@@ -18,6 +18,25 @@ pub struct AttachmentRow {
     pub change_id: i64,
 }
 
+/// The attachment files' lock for every node sharing the folder (docs/deploy.md): an upload takes
+/// it shared from its first look at the table until its row is committed, a repository reset
+/// exclusively from before its commit until the files are gone. Transaction-scoped, so it goes
+/// with the transaction however its holder ends.
+const FILES_LOCK: i64 = 0x5359_4e4b_0020;
+
+/// Waits until no reset runs on any node, then keeps resets out until the transaction ends.
+pub async fn lock_files_shared(tx: &impl GenericClient) -> DbResult<()> {
+    tx.execute("SELECT pg_advisory_xact_lock_shared($1)", &[&FILES_LOCK]).await?;
+    Ok(())
+}
+
+/// Waits until no upload is between its look at the table and its commit on any node, then keeps
+/// uploads out until the transaction ends.
+pub async fn lock_files_exclusive(tx: &impl GenericClient) -> DbResult<()> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&FILES_LOCK]).await?;
+    Ok(())
+}
+
 const COLUMNS: &str = "id, sha256, size, content_type, uploaded_by, client_id, created_at, change_id";
 
 fn from_row(r: &Row) -> AttachmentRow {

@@ -82,8 +82,9 @@ fn run_in_background() {
     }
 }
 
-/// Removes job files left by an earlier run once they are past the TTL (their jobs are gone
-/// with that process; files of other processes sharing the data root stay until then).
+/// Removes job files past the TTL that no expiry removed with their row: the file of a job whose
+/// node died before recording it, the `.part` of a job whose node died while writing it. Files
+/// of other nodes sharing the data root stay until then.
 fn remove_stale_files(dir: &Path, ttl: Duration) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
@@ -135,6 +136,11 @@ impl Engine {
         let engine =
             Engine { runtime: handle, pool, reads, slots: Arc::new(Semaphore::new(slots)), dir, clock };
         Ok((Arc::new(engine), EngineStop { _stop: stop_tx }))
+    }
+
+    /// The folder of job files: DATA_ROOT/exports/, shared by the nodes of a cluster.
+    pub fn files_dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Where job `id`'s file lives once it is done.

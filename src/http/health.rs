@@ -65,6 +65,7 @@ pub async fn health(req: HttpRequest) -> ApiResult<HttpResponse> {
     if database_answers(st).await {
         Ok(HttpResponse::Ok().json(Health {
             database: "up",
+            node: st.config.node_id.clone(),
             status: "OK",
             timestamp: now,
             version: SERVER_VERSION,
@@ -73,6 +74,7 @@ pub async fn health(req: HttpRequest) -> ApiResult<HttpResponse> {
     } else {
         Err(ApiError::unavailable("health check: database did not answer within 2 s")
             .with_extra("database", "down")
+            .with_extra("node", st.config.node_id.clone())
             .with_extra("timestamp", now)
             .with_extra("version", SERVER_VERSION))
     }

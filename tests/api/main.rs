@@ -10,6 +10,7 @@ mod backup;
 mod bundles;
 mod cli;
 mod clients2026;
+mod cluster;
 mod conventions;
 mod crash;
 mod defaults;

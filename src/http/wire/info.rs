@@ -17,6 +17,8 @@ pub struct ServiceDescriptor {
 #[derive(Serialize, ToSchema)]
 pub struct Health {
     pub database: &'static str,
+    /// `NODE_ID`: which node answered (docs/api.md §18.2).
+    pub node: String,
     /// Each read replica of `DB_READ_REPLICAS`, in that order (docs/api.md §18.3); absent when
     /// none is configured.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -135,6 +137,7 @@ mod tests {
         });
         assert_map_order(&Health {
             database: "",
+            node: String::new(),
             replicas: vec![ReplicaHealth {
                 lag_seconds: None,
                 name: String::new(),
