@@ -1,4 +1,5 @@
-//! Command line: `serve` (default), `migrate`, and operator commands that work with the server stopped.
+//! Command line: `serve` (default), `migrate`, and operator commands that work with the server stopped
+//! (users, statistics, the import of a Go Synkronus deployment).
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,16 @@ pub enum Command {
     /// Statistics kept for `GET /stats/observations` and `GET /status`.
     #[command(subcommand)]
     Stats(StatsCommand),
+    /// Take over another server's data.
+    #[command(subcommand)]
+    Import(ImportCommand),
+}
+
+#[derive(Subcommand)]
+pub enum ImportCommand {
+    /// Import a Go Synkronus deployment (database, attachments, bundle versions) into this
+    /// server's empty database; devices keep their cursors and users their passwords.
+    GoSynkronus(crate::import::GoSynkronusArgs),
 }
 
 #[derive(Subcommand)]
@@ -76,6 +87,7 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             println!("counted {} observations", result?);
             Ok(())
         }
+        Command::Import(ImportCommand::GoSynkronus(args)) => crate::import::run(&config, args).await,
         Command::User(cmd) => {
             let (pool, embedded) = connect_and_migrate(&config).await?;
             let result = user_command(cmd, &config, &pool).await;
@@ -86,7 +98,7 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     }
 }
 
-async fn stop_if_started_here(embedded: Option<EmbeddedHandle>) -> anyhow::Result<()> {
+pub(crate) async fn stop_if_started_here(embedded: Option<EmbeddedHandle>) -> anyhow::Result<()> {
     if let Some(handle) = embedded.filter(|h| h.started_here) {
         tokio::task::spawn_blocking(move || handle.cluster.stop()).await??;
     }

@@ -7,6 +7,8 @@ pub mod embedded;
 pub mod error;
 pub mod export;
 pub mod formspecs;
+pub mod go_import;
+pub mod go_source;
 pub mod presence;
 pub mod records;
 pub mod stats;

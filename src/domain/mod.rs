@@ -4,6 +4,7 @@ pub mod attachment;
 pub mod bundle;
 pub mod export;
 pub mod formspec;
+pub mod go_import;
 pub mod mime;
 pub mod page_token;
 pub mod problem;
