@@ -196,7 +196,7 @@ impl GoSource {
                 let size = a.bytes.as_ref().filter(|_| *op != "delete").map(|b| b.len() as i32);
                 db.execute(
                     "INSERT INTO attachment_operations (attachment_id, operation, client_id, version, size, content_type)
-                     VALUES ($1, $2, 'dev-1', $3, $4, CASE WHEN $2 = 'delete' THEN NULL ELSE 'image/jpeg' END)",
+                     VALUES ($1, $2::text, 'dev-1', $3, $4, CASE WHEN $2::text = 'delete' THEN NULL ELSE 'image/jpeg' END)",
                     &[&a.id, op, version, &size],
                 )
                 .await
