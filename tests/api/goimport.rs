@@ -527,6 +527,13 @@ async fn import_keeps_everything(gen: Gen) {
         }
     }
 
+    // Uploading a deleted id again brings it back: a download, no longer a delete.
+    let (status, body) = app.put_bytes(&collector, "/attachments/photo-17.jpg", b"back again", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, ops) = manifest(&app, &collector, 0).await;
+    let revived: Vec<_> = ops.iter().filter(|(id, _, _)| id == "photo-17.jpg").collect();
+    assert_eq!(revived, [&("photo-17.jpg".to_string(), "download", head + 2)]);
+
     // Bundles: every version with its Go id, the active one served.
     let (status, versions) = app.call(Method::GET, "/app-bundle/versions", Some(&collector), None).await;
     assert_eq!(status, StatusCode::OK);
