@@ -4,6 +4,8 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+use tokio_postgres::types::{IsNull, ToSql};
 
 use crate::db::DbResult;
 
@@ -93,40 +95,75 @@ pub struct NewRecord {
     pub change_id: i64,
 }
 
-/// One statement per batch; the JSON columns arrive as text and PostgreSQL checks them.
-pub async fn insert_records(db: &impl GenericClient, records: &[NewRecord]) -> DbResult<()> {
-    let col = |f: fn(&NewRecord) -> &str| records.iter().map(f).collect::<Vec<&str>>();
-    let opt = |f: fn(&NewRecord) -> Option<&str>| records.iter().map(f).collect::<Vec<Option<&str>>>();
-    let time = |f: fn(&NewRecord) -> Option<DateTime<Utc>>| records.iter().map(f).collect::<Vec<_>>();
-    let deleted: Vec<bool> = records.iter().map(|r| r.deleted).collect();
-    let synced: Vec<DateTime<Utc>> = records.iter().map(|r| r.synced_at).collect();
-    let change_ids: Vec<i64> = records.iter().map(|r| r.change_id).collect();
-    db.execute(
-        "INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-                              geolocation, author, device_id, tags, change_id, created_by)
-         SELECT id, ft, fv, d::json, del, ca, ua, sa, g::json, a, dev, t::json, c, coalesce(a, '')
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::timestamptz[],
-                     $7::timestamptz[], $8::timestamptz[], $9::text[], $10::text[], $11::text[], $12::text[],
-                     $13::bigint[])
-              AS u(id, ft, fv, d, del, ca, ua, sa, g, a, dev, t, c)",
-        &[
-            &col(|r| r.id.as_str()),
-            &col(|r| r.form_type.as_str()),
-            &col(|r| r.form_version.as_str()),
-            &col(|r| r.data.as_str()),
-            &deleted,
-            &time(|r| r.created_at),
-            &time(|r| r.updated_at),
-            &synced,
-            &opt(|r| r.geolocation.as_deref()),
-            &opt(|r| r.author.as_deref()),
-            &opt(|r| r.device_id.as_deref()),
-            &opt(|r| r.tags.as_deref()),
-            &change_ids,
-        ],
-    )
-    .await?;
+/// One binary `COPY` per batch (about twice the rate of a multi-row insert); the JSON columns go
+/// as the source's text and PostgreSQL checks them.
+pub async fn insert_records(db: &tokio_postgres::Transaction<'_>, records: &[NewRecord]) -> DbResult<()> {
+    use tokio_postgres::types::Type;
+    let sink = db
+        .copy_in(
+            "COPY records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
+                           geolocation, author, device_id, tags, change_id, created_by) FROM STDIN BINARY",
+        )
+        .await?;
+    let types = [
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::JSON,
+        Type::BOOL,
+        Type::TIMESTAMPTZ,
+        Type::TIMESTAMPTZ,
+        Type::TIMESTAMPTZ,
+        Type::JSON,
+        Type::TEXT,
+        Type::TEXT,
+        Type::JSON,
+        Type::INT8,
+        Type::TEXT,
+    ];
+    let writer = BinaryCopyInWriter::new(sink, &types);
+    futures_util::pin_mut!(writer);
+    for r in records {
+        writer
+            .as_mut()
+            .write(&[
+                &r.id,
+                &r.form_type,
+                &r.form_version,
+                &JsonText(&r.data),
+                &r.deleted,
+                &r.created_at,
+                &r.updated_at,
+                &r.synced_at,
+                &r.geolocation.as_deref().map(JsonText),
+                &r.author,
+                &r.device_id,
+                &r.tags.as_deref().map(JsonText),
+                &r.change_id,
+                &r.author.as_deref().unwrap_or(""),
+            ])
+            .await?;
+    }
+    writer.finish().await?;
     Ok(())
+}
+
+/// JSON text sent as it is (the binary form of `json` is its text).
+#[derive(Debug)]
+struct JsonText<'a>(&'a str);
+
+impl ToSql for JsonText<'_> {
+    fn to_sql(
+        &self,
+        _: &tokio_postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.extend_from_slice(self.0.as_bytes());
+        Ok(IsNull::No)
+    }
+
+    tokio_postgres::types::accepts!(JSON);
+    tokio_postgres::types::to_sql_checked!();
 }
 
 /// A current attachment (with its blob already in place) or, with `sha256: None`, a tombstone.

@@ -20,6 +20,8 @@ pub struct Progress {
     pub total_files: u64,
     pub bytes: u64,
     pub total_bytes: u64,
+    /// Time spent copying files: rows and bytes have rates of their own.
+    file_time: Duration,
 }
 
 impl Progress {
@@ -33,6 +35,7 @@ impl Progress {
             total_files,
             bytes: 0,
             total_bytes,
+            file_time: Duration::ZERO,
         }
     }
 
@@ -41,9 +44,10 @@ impl Progress {
         self.tick(false);
     }
 
-    pub fn file(&mut self, bytes: u64) {
+    pub fn file(&mut self, bytes: u64, took: Duration) {
         self.files += 1;
         self.bytes += bytes;
+        self.file_time += took;
         self.tick(false);
     }
 
@@ -65,10 +69,18 @@ impl Progress {
         let secs = elapsed.as_secs_f64().max(0.001);
         let rate = self.rows as f64 / secs;
         let byte_rate = self.bytes as f64 / secs;
-        // The remaining work, as a fraction of rows and bytes together (files are mostly bytes).
-        let done = (self.rows + self.bytes / 65_536) as f64;
-        let total = (self.total_rows + self.total_bytes / 65_536).max(1) as f64;
-        let eta = if done > 0.0 && done < total { secs * (total - done) / done } else { 0.0 };
+        // Rows and files go at their own rates; until a kind has started, it adds nothing.
+        let row_secs = (secs - self.file_time.as_secs_f64()).max(0.001);
+        let file_secs = self.file_time.as_secs_f64().max(0.001);
+        let remaining = |done: u64, total: u64, took: f64| {
+            if done == 0 {
+                0.0
+            } else {
+                took * total.saturating_sub(done) as f64 / done as f64
+            }
+        };
+        let eta = remaining(self.rows, self.total_rows, row_secs)
+            + remaining(self.bytes, self.total_bytes, file_secs);
         format!(
             "import: {}/{} rows, {}/{} files, {}/{}, {:.0} rows/s, {}/s, ETA {:.0} s",
             self.rows,
@@ -168,9 +180,13 @@ mod tests {
         p.rows = 50;
         p.files = 1;
         p.bytes = 1_000_000;
+        p.file_time = Duration::from_millis(500);
         let line = p.line(Duration::from_secs(1));
         assert!(line.contains("50/100 rows, 1/2 files, 1.0 MB/2.0 MB, 50 rows/s"), "{line}");
-        assert!(line.contains("ETA 1 s"), "{line}");
+        assert!(
+            line.contains("ETA 1 s"),
+            "half a second for the other rows, half for the other bytes: {line}"
+        );
         let mut r = Report::default();
         r.line("users", 2, 2);
         r.line("attachments", 3, 2);

@@ -234,11 +234,12 @@ async fn attachment(ctx: &mut Ctx<'_>, op: &GoAttachment) -> anyhow::Result<Opti
 /// Hashes (and, unless a dry run, copies) one file off the executor.
 async fn copy(ctx: &mut Ctx<'_>, path: PathBuf) -> anyhow::Result<(String, i64)> {
     let blobs = ctx.blobs.clone();
+    let started = std::time::Instant::now();
     let copied = tokio::task::spawn_blocking(move || copy_blob(&path, blobs.as_ref())).await??;
     if let Some(created) = copied.created {
         ctx.written.add(created);
     }
-    ctx.progress.file(copied.size);
+    ctx.progress.file(copied.size, started.elapsed());
     Ok((copied.sha256, i64::try_from(copied.size)?))
 }
 
