@@ -80,7 +80,15 @@ async fn import(
             warnings.into_iter().for_each(|w| report.warn("attachment folder", w));
             files
         }
-        None => files::SourceFiles::default(),
+        None => {
+            if counts.attachments > 0 {
+                report.header.push(format!(
+                    "no --attachments given: the {} current attachments cannot be imported",
+                    counts.attachments
+                ));
+            }
+            files::SourceFiles::default()
+        }
     };
     let go_bundles = match &args.bundle_versions {
         Some(dir) => {
@@ -88,7 +96,10 @@ async fn import(
             warnings.into_iter().for_each(|w| report.warn("bundle folder", w));
             found
         }
-        None => bundles::GoBundles::default(),
+        None => {
+            report.header.push("no --bundle-versions given: no app bundle version is imported".to_string());
+            bundles::GoBundles::default()
+        }
     };
     let total_rows = counts.users + counts.observations + counts.attachments + counts.deleted_attachments;
     let progress = Progress::new(
