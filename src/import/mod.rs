@@ -74,33 +74,7 @@ async fn import(
     report.header.push(format!(
         "source: Go Synkronus, {generation} schema; counter {counter}, repository generation {repository_generation}"
     ));
-    let files = match &args.attachments {
-        Some(dir) => {
-            let (files, warnings) = files::SourceFiles::scan(dir)?;
-            warnings.into_iter().for_each(|w| report.warn("attachment folder", w));
-            files
-        }
-        None => {
-            if counts.attachments > 0 {
-                report.header.push(format!(
-                    "no --attachments given: the {} current attachments cannot be imported",
-                    counts.attachments
-                ));
-            }
-            files::SourceFiles::default()
-        }
-    };
-    let go_bundles = match &args.bundle_versions {
-        Some(dir) => {
-            let (found, warnings) = bundles::discover(dir)?;
-            warnings.into_iter().for_each(|w| report.warn("bundle folder", w));
-            found
-        }
-        None => {
-            report.header.push("no --bundle-versions given: no app bundle version is imported".to_string());
-            bundles::GoBundles::default()
-        }
-    };
+    let (files, go_bundles) = folders(args, &counts, &mut report)?;
     let total_rows = counts.users + counts.observations + counts.attachments + counts.deleted_attachments;
     let progress = Progress::new(
         u64::try_from(total_rows + counts.presence).unwrap_or(0),
@@ -128,44 +102,101 @@ async fn import(
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     ctx.progress.done();
-    let head = match outcome {
-        Ok(head) => head,
+    let (report, done, mut written) = (ctx.report, ctx.done, ctx.written);
+    let result = match outcome {
+        Ok(head) => {
+            let expected = Expected {
+                counts,
+                orphans: done.orphans,
+                bundle_folders: go_bundles.folders,
+                head,
+                repository_generation,
+                counter,
+            };
+            conclude(args, tx, report, &done, &expected, &facts).await
+        }
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(report) => {
+            println!("{}", report.render());
+            finish(&report, args.dry_run)
+        }
         Err(error) => {
-            let left = ctx.written.remove_all();
-            drop(tx);
-            return Err(error.context(failure_note(&left)));
+            let left = written.remove_all();
+            Err(error.context(failure_note(&left)))
+        }
+    }
+}
+
+/// The attachment and bundle folders, when given.
+fn folders(
+    args: &GoSynkronusArgs,
+    counts: &db::go_source::SourceCounts,
+    report: &mut Report,
+) -> anyhow::Result<(files::SourceFiles, bundles::GoBundles)> {
+    let files = match &args.attachments {
+        Some(dir) => {
+            let (files, warnings) = files::SourceFiles::scan(dir)?;
+            warnings.into_iter().for_each(|w| report.warn("attachment folder", w));
+            files
+        }
+        None => {
+            if counts.attachments > 0 {
+                report.header.push(format!(
+                    "no --attachments given: the {} current attachments cannot be imported",
+                    counts.attachments
+                ));
+            }
+            files::SourceFiles::default()
         }
     };
-    let (mut report, done, mut written) = (ctx.report, ctx.done, ctx.written);
-    let expected = Expected {
-        counts,
-        orphans: done.orphans,
-        bundle_folders: go_bundles.folders,
-        head,
-        repository_generation,
+    let go_bundles = match &args.bundle_versions {
+        Some(dir) => {
+            let (found, warnings) = bundles::discover(dir)?;
+            warnings.into_iter().for_each(|w| report.warn("bundle folder", w));
+            found
+        }
+        None => {
+            report.header.push("no --bundle-versions given: no app bundle version is imported".to_string());
+            bundles::GoBundles::default()
+        }
     };
+    Ok((files, go_bundles))
+}
+
+/// Counts the target, checks the source did not move (on a connection of its own: the snapshot
+/// would not see it), then commits, or in a dry run rolls back.
+async fn conclude(
+    args: &GoSynkronusArgs,
+    tx: deadpool_postgres::Transaction<'_>,
+    mut report: Report,
+    done: &Done,
+    expected: &Expected,
+    facts: &crate::domain::go_import::SchemaFacts,
+) -> anyhow::Result<Report> {
     let target = if args.dry_run {
-        dry_run_counts(&done, head, repository_generation)
+        dry_run_counts(done, expected.head, expected.repository_generation)
     } else {
         db::go_import::counts(&tx).await?
     };
-    fill_report(&mut report, &expected, &target);
-    snapshot.commit().await?;
-    let (counter_after, _) = db::go_source::counter(&source_client, &facts).await?;
-    if counter_after != counter {
+    fill_report(&mut report, expected, &target);
+    let fresh = db::go_source::connect(&args.source_db).await.context("reconnecting to the source")?;
+    let (counter_after, _) = db::go_source::counter(&fresh, facts).await?;
+    if counter_after != expected.counter {
         report.warn(
             "source moved",
-            format!("the source's counter went from {counter} to {counter_after} during the import: the Go server is still running; stop it and import again"),
+            format!(
+                "the source's counter went from {} to {counter_after} during the import: the Go server is still \
+                 running; stop it and import again into a new database",
+                expected.counter
+            ),
         );
     }
-    if args.dry_run {
-        drop(tx);
-    } else if let Err(error) = tx.commit().await {
-        let left = written.remove_all();
-        return Err(anyhow::Error::new(error).context(failure_note(&left)));
+    if !args.dry_run {
+        tx.commit().await.context("committing the import")?;
     }
-    println!("{}", report.render());
-    finish(&report, args.dry_run)
+    Ok(report)
 }
 
 /// Everything in order; returns the head.
@@ -244,6 +275,7 @@ struct Expected {
     bundle_folders: i64,
     head: i64,
     repository_generation: i64,
+    counter: i64,
 }
 
 fn dry_run_counts(done: &Done, head: i64, generation: i64) -> db::go_import::TargetCounts {
