@@ -701,3 +701,45 @@ async fn a_source_that_dies_half_way_leaves_the_target_empty() {
         walk(target.data_root.path())
     );
 }
+
+#[actix_web::test]
+async fn an_unknown_role_is_refused_by_name_and_a_moving_source_is_warned_about() {
+    let source = GoSource::build(Gen::Y2026).await;
+    let db = connect(&source.conn).await;
+    db.execute(
+        "INSERT INTO users (id, username, password_hash, role) VALUES (gen_random_uuid(), 'root-ish', $1, 'superuser')",
+        &[&go_hash("pw")],
+    )
+    .await
+    .expect("user");
+    let target = Target::new().await;
+    let run = target.import(&source, &["--dry-run"]).await;
+    run.assert_failed("'root-ish' (superuser)");
+    let run = target.import(&source, &[]).await;
+    run.assert_failed("'root-ish' (superuser)");
+    assert_eq!(target.rows().await, 0, "refused before anything was written");
+    assert_eq!(target.files(), 0);
+
+    // A Go server still running while the import reads: its counter moves (here through another
+    // connection, opened by the source itself while the import streams the observations).
+    db.batch_execute(&format!(
+        "DELETE FROM users WHERE username = 'root-ish';
+         CREATE EXTENSION dblink;
+         ALTER TABLE observations RENAME TO observations_data;
+         CREATE FUNCTION still_running(v bigint) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+         BEGIN
+             IF v = 1 AND current_query() NOT LIKE '%count(%' THEN
+                 PERFORM dblink_exec('{}', 'UPDATE sync_version SET current_version = current_version + 1');
+             END IF;
+             RETURN true;
+         END $$;
+         CREATE VIEW observations AS SELECT * FROM observations_data WHERE still_running(version);",
+        source.conn
+    ))
+    .await
+    .expect("a moving counter");
+    let target = Target::new().await;
+    let run = target.import(&source, &[]).await;
+    run.assert_ok();
+    assert!(run.stdout.contains("source moved") && run.stdout.contains("still running"), "{}", run.stdout);
+}
