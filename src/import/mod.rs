@@ -112,6 +112,7 @@ async fn import(
                 head,
                 repository_generation,
                 counter,
+                active_bundle: go_bundles.active.clone(),
             };
             conclude(args, tx, report, &done, &expected, &facts).await
         }
@@ -175,11 +176,8 @@ async fn conclude(
     expected: &Expected,
     facts: &crate::domain::go_import::SchemaFacts,
 ) -> anyhow::Result<Report> {
-    let target = if args.dry_run {
-        dry_run_counts(done, expected.head, expected.repository_generation)
-    } else {
-        db::go_import::counts(&tx).await?
-    };
+    let target =
+        if args.dry_run { dry_run_counts(done, expected) } else { db::go_import::counts(&tx).await? };
     fill_report(&mut report, expected, &target);
     let fresh = db::go_source::connect(&args.source_db).await.context("reconnecting to the source")?;
     let (counter_after, _) = db::go_source::counter(&fresh, facts).await?;
@@ -276,9 +274,10 @@ struct Expected {
     head: i64,
     repository_generation: i64,
     counter: i64,
+    active_bundle: Option<String>,
 }
 
-fn dry_run_counts(done: &Done, head: i64, generation: i64) -> db::go_import::TargetCounts {
+fn dry_run_counts(done: &Done, expected: &Expected) -> db::go_import::TargetCounts {
     db::go_import::TargetCounts {
         users: done.users.len() as i64,
         records: done.records,
@@ -286,9 +285,9 @@ fn dry_run_counts(done: &Done, head: i64, generation: i64) -> db::go_import::Tar
         tombstones: done.tombstones,
         bundle_versions: done.bundle_versions,
         presence: done.presence,
-        head,
-        generation,
-        active_bundle: None,
+        head: expected.head,
+        generation: expected.repository_generation,
+        active_bundle: expected.active_bundle.clone(),
     }
 }
 

@@ -602,6 +602,11 @@ async fn import_of_a_2026_deployment_keeps_presence_generation_and_record_fields
 #[actix_web::test]
 async fn a_missing_file_and_a_file_without_row_are_reported_and_nothing_else_is_lost() {
     let source = GoSource::build(Gen::Y2026).await;
+    // Some 2026 versions keep tags as jsonb rather than a text array.
+    let db = connect(&source.conn).await;
+    db.batch_execute("ALTER TABLE observations ALTER COLUMN tags TYPE jsonb USING to_jsonb(tags)")
+        .await
+        .expect("jsonb");
     let dir = source.attachments_dir();
     std::fs::remove_file(dir.join("photo-3.jpg")).expect("remove");
     std::fs::write(dir.join("orphan.bin"), b"nobody wrote me down").expect("orphan");
@@ -614,6 +619,7 @@ async fn a_missing_file_and_a_file_without_row_are_reported_and_nothing_else_is_
     let token = app.login("collector", "collector-pass").await["token"].as_str().expect("token").to_string();
     let (records, head) = app.pull_all(&token, "check", 0, 50).await;
     assert_eq!(records.len(), source.observations.len());
+    assert!(records.iter().all(|r| r["tags"][0] == "a" && r["tags"].as_array().map(Vec::len) == Some(2)));
     assert_eq!(head, source.current_version() + 1, "the file without row comes after the head");
     let (_, ops) = manifest(&app, &token, 0).await;
     let mut expected = source.manifest_after(0);
