@@ -587,6 +587,30 @@ async fn import_keeps_everything(gen: Gen) {
     } else {
         assert!(device.is_none(), "the December 2025 schema has no presence");
     }
+
+    // A repository reset removes the tombstones with the attachments.
+    let (status, body) = app
+        .call(
+            Method::POST,
+            "/admin/repository/reset",
+            Some(&admin),
+            Some(json!({"confirm": "RESET_REPOSITORY"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let generation = body["repository_generation"].as_i64().expect("generation");
+    let (status, body) = app
+        .call(
+            Method::POST,
+            "/attachments/manifest",
+            Some(&collector),
+            Some(
+                json!({"client_id": "after-reset", "since_version": 0, "repository_generation": generation}),
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["operations"], json!([]));
 }
 
 #[actix_web::test]
