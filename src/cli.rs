@@ -1,4 +1,5 @@
-//! Command line: `serve` (default), `migrate`, and operator commands that work with the server stopped.
+//! Command line: `serve` (default), `migrate`, and operator commands that work with the server stopped
+//! (users, statistics, the import of a Go Synkronus deployment).
 
 use clap::{Parser, Subcommand};
 
@@ -44,6 +45,16 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Take over another server's data.
+    #[command(subcommand)]
+    Import(ImportCommand),
+}
+
+#[derive(Subcommand)]
+pub enum ImportCommand {
+    /// Import a Go Synkronus deployment (database, attachments, bundle versions) into this
+    /// server's empty database; devices keep their cursors and users their passwords.
+    GoSynkronus(crate::import::GoSynkronusArgs),
 }
 
 #[derive(Subcommand)]
@@ -95,6 +106,7 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         Command::Backup { output: Some(output), .. } => crate::backup::create::run(&config, &output).await,
         Command::Backup { verify, .. } => crate::backup::verify::run(&verify.unwrap_or_default()).await,
         Command::Restore { input, force } => crate::backup::restore::run(&config, &input, force).await,
+        Command::Import(ImportCommand::GoSynkronus(args)) => crate::import::run(&config, args).await,
         Command::User(cmd) => {
             let (pool, embedded) = connect_and_migrate(&config).await?;
             let result = user_command(cmd, &config, &pool).await;

@@ -22,8 +22,8 @@ use dashmap::DashMap;
 use deadpool_postgres::{GenericClient, Pool, Transaction};
 use serde_json::Value;
 
-pub use files::{staging_dir, version_dir, zip_path};
 use files::{remove_path, remove_stale_staging, remove_unrecorded, unpack};
+pub use files::{staging_dir, version_dir, zip_path};
 pub use version::VersionInfo;
 
 use crate::db;
@@ -595,7 +595,8 @@ async fn insert_version(
     let mut activated = None;
     let mut warnings = Vec::new();
     let previous = if push.activate { db::bundles::active(&tx).await?.0 } else { None };
-    let entries = push_entries(&push.origin, &info.version, &manifest.hash, push.activate.then_some(previous));
+    let entries =
+        push_entries(&push.origin, &info.version, &manifest.hash, push.activate.then_some(previous));
     db::audit::append_all(&tx, &entries).await?;
     if push.activate {
         let generation = db::bundles::set_active(&tx, &info.version).await?;

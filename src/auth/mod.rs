@@ -291,6 +291,16 @@ mod tests {
         assert!(bcrypt::verify("not-a-real-password", DUMMY_HASH).unwrap());
     }
 
+    /// Hashes imported from Go Synkronus carry the `$2a$` prefix (docs/api.md §19.2).
+    #[test]
+    fn go_style_2a_hashes_verify() {
+        let hash =
+            bcrypt::hash_with_result("go-password", 4).unwrap().format_for_version(bcrypt::Version::TwoA);
+        assert!(hash.starts_with("$2a$04$"));
+        assert!(bcrypt::verify("go-password", &hash).unwrap());
+        assert!(!bcrypt::verify("other", &hash).unwrap());
+    }
+
     #[test]
     fn bearer_parsing() {
         assert_eq!(bearer_token(Some("Bearer abc")), Some("abc"));

@@ -10,6 +10,8 @@ pub mod error;
 pub mod export;
 pub mod export_jobs;
 pub mod formspecs;
+pub mod go_import;
+pub mod go_source;
 pub mod login_attempts;
 pub mod presence;
 pub mod records;

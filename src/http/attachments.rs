@@ -401,7 +401,7 @@ async fn manifest_rows(
             Box::pin(async move {
                 let generation = records::head_and_generation(&db).await?.repository_generation;
                 let (head, rows) = match cursor {
-                    Cursor::After(n) => attachments::changes_after(&db, n).await?,
+                    Cursor::After(n) => attachments::changes_after(&db, n, true).await?,
                     Cursor::Since(t) => attachments::changes_since(&db, t).await?,
                 };
                 Ok((generation, head, rows))
@@ -444,20 +444,31 @@ pub async fn manifest_post(
     report_sync(&req, st, &caller.username, client_id, None);
     let base = format!("{}{}/attachments/", public_base(&req, st), route_prefix(&req));
     let total: i64 = rows.iter().map(|r| r.size).sum();
+    let deletions = rows.iter().filter(|r| r.deleted).count();
     let operations = rows
         .iter()
-        .map(|r| DownloadOperation {
-            attachment_id: r.id.clone(),
-            content_type: r.content_type.clone(),
-            download_url: format!("{base}{}", rules::encode_segment(&r.id)),
-            operation: "download",
-            size: r.size,
-            version: r.change_id,
+        .map(|r| match r.deleted {
+            true => DownloadOperation {
+                attachment_id: r.id.clone(),
+                content_type: None,
+                download_url: None,
+                operation: "delete",
+                size: None,
+                version: r.change_id,
+            },
+            false => DownloadOperation {
+                attachment_id: r.id.clone(),
+                content_type: Some(r.content_type.clone()),
+                download_url: Some(format!("{base}{}", rules::encode_segment(&r.id))),
+                operation: "download",
+                size: Some(r.size),
+                version: r.change_id,
+            },
         })
         .collect();
     let res = HttpResponse::Ok().json(DownloadManifest {
         current_version: head,
-        operation_count: OperationCount { delete: 0, download: rows.len() },
+        operation_count: OperationCount { delete: deletions, download: rows.len() - deletions },
         operations,
         repository_generation: generation,
         total_download_size: total,
@@ -513,7 +524,7 @@ fn route_prefix(req: &HttpRequest) -> &'static str {
 pub async fn export_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let (_, rows) = attachments::changes_after(&st.pool.get().await?, 0).await?;
+    let (_, rows) = attachments::changes_after(&st.pool.get().await?, 0, false).await?;
     let stream = attachment_store::zip_stream(blob_paths(st), rows);
     Ok(HttpResponse::Ok()
         .content_type("application/zip")

@@ -16,6 +16,7 @@ mod crash;
 mod defaults;
 mod export;
 mod formspecs;
+mod goimport;
 mod health;
 mod hostile;
 mod metrics;

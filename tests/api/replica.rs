@@ -270,8 +270,12 @@ async fn a_lagging_replica_is_waited_for_then_the_primary_answers() {
     assert_eq!(body["records"].as_array().unwrap().len(), 10);
 
     let metrics = app.send(Method::GET, "/metrics", Some(&admin), None).await.text().await.unwrap();
-    assert!(metrics.contains("synkronus_db_read_fallbacks_total{reason=\"behind\"}"), "{metrics}");
-    assert!(metrics.contains("synkronus_db_reads_total{target=\"replica\"}"));
+    // Every series also carries the `node` label (docs/api.md §18.2).
+    let has = |name: &str, label: &str| {
+        metrics.lines().any(|line| line.starts_with(&format!("{name}{{")) && line.contains(label))
+    };
+    assert!(has("synkronus_db_read_fallbacks_total", "reason=\"behind\""), "{metrics}");
+    assert!(has("synkronus_db_reads_total", "target=\"replica\""), "{metrics}");
 }
 
 /// What one cursor-following puller saw.
