@@ -1,4 +1,4 @@
-//! Operator routes: repository reset and the device list (API.md 17.3, 17.4), the audit log
+//! Operator routes: repository reset and the device list (docs/api.md §17.3, §17.4), the audit log
 //! (docs/api.md §18.4).
 
 use actix_web::http::header::HeaderValue;
