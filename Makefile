@@ -5,7 +5,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 TEST_PG_DIR ?= /tmp/synkronus-test-pg
 
-.PHONY: run test deps test-deps build release stop-test-cluster portal-test api-fuzz deny
+.PHONY: run cluster nginx-dep test deps test-deps build release stop-test-cluster portal-test api-fuzz deny
 
 ## Installs PostgreSQL when it is missing: the server runs a private cluster with its binaries.
 deps:
@@ -14,9 +14,17 @@ deps:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
 	fi
 
-## What the tests need besides: Chromium, its driver, Node.js and the browser tests' npm packages, and
-## moto's S3-compatible server (the storage tests start it on loopback).
-test-deps: deps
+## nginx, the load balancer of the cluster test and of `make cluster`.
+nginx-dep:
+	@if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then \
+		echo "installing nginx (apt-get)"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx; \
+	fi
+
+## What the tests need besides: Chromium, its driver, Node.js and the browser tests' npm packages,
+## nginx (the cluster test's load balancer), and moto's S3-compatible server (the storage tests start
+## it on loopback).
+test-deps: deps nginx-dep
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1 \
 		|| ! command -v npm >/dev/null 2>&1; then \
 		echo "installing Chromium and Node.js (apt-get)"; \
@@ -44,6 +52,11 @@ release:
 ## Builds and starts the server on its embedded database (DATA_ROOT=./data, port 8080).
 run: deps .env release
 	$(TARGET_DIR)/release/synkronus serve
+
+## Three nodes on one PostgreSQL behind nginx on :8080 (scripts/cluster.sh, docs/deploy.md), files
+## under ./data/cluster; Ctrl-C stops them all.
+cluster: deps nginx-dep .env release
+	scripts/cluster.sh $(TARGET_DIR)/release/synkronus
 
 ## Everything the tests need, then all tests (unit + black-box against a real PostgreSQL), then the
 ## portal in a headless browser and the schemathesis run. Both use the server binary `cargo test`

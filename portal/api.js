@@ -1,10 +1,10 @@
-// The portal's only way to the server: the public API (API.md), with the signed-in user's own
+// The portal's only way to the server: the public API (docs/api.md), with the signed-in user's own
 // token. Tokens live in sessionStorage (gone when the tab closes); an expired access token is
 // renewed once through POST /auth/refresh, exactly as a client would.
 
 const API_ROOT = new URL('..', document.baseURI);
 const KEY = 'synkronus.portal.session';
-// Every authenticated request counts as presence (API.md 17.4): name the portal, so that it is
+// Every authenticated request counts as presence (docs/api.md §17.4): name the portal, so that it is
 // listed as "portal" among the devices rather than as an unnamed client.
 const CLIENT_ID = 'portal';
 

@@ -1,4 +1,4 @@
-// App bundles (API.md 9, 17.6): the active manifest, versions, upload with progress and every
+// App bundles (docs/api.md §9, §17.6): the active manifest, versions, upload with progress and every
 // validation problem, the changes between two versions, switch / roll back, and a file browser.
 import * as api from './api.js';
 import {

@@ -1,4 +1,4 @@
-// Devices (admin): the presence list of API.md 17.4 with stale devices highlighted.
+// Devices (admin): the presence list of docs/api.md §17.4 with stale devices highlighted.
 import * as api from './api.js';
 import { h, section, table, timeEl, fmtNum, badge, field, showError, button } from './ui.js';
 

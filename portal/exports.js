@@ -1,4 +1,4 @@
-// Exports (API.md 13, 17.7, 17.8): streamed downloads of every format, and export jobs for the
+// Exports (docs/api.md §13, §17.7, §17.8): streamed downloads of every format, and export jobs for the
 // long ones, polled with a progress bar until their file is ready.
 import * as api from './api.js';
 import { h, section, field, showError, busy, progress, fmtBytes, fmtNum, saveBlob, button, timeEl, announce } from './ui.js';

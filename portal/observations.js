@@ -1,4 +1,4 @@
-// Observations (API.md 12): filter by form type and time, look up by id, a record's JSON, its
+// Observations (docs/api.md §12): filter by form type and time, look up by id, a record's JSON, its
 // history, and its attachments (images previewed, other files downloadable).
 import * as api from './api.js';
 import {

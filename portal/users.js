@@ -1,4 +1,4 @@
-// Users (admin): list, create, change role, reset password, delete (API.md 7). And the signed-in
+// Users (admin): list, create, change role, reset password, delete (docs/api.md §7). And the signed-in
 // user's own account page (change password), open to every role.
 import * as api from './api.js';
 import {

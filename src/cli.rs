@@ -1,4 +1,5 @@
-//! Command line: `serve` (default), `migrate`, and operator commands that work with the server stopped.
+//! Command line: `serve` (default), `migrate`, and operator commands that work with the server stopped
+//! (users, statistics, the import of a Go Synkronus deployment).
 
 use clap::{Parser, Subcommand};
 
@@ -47,6 +48,16 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Take over another server's data.
+    #[command(subcommand)]
+    Import(ImportCommand),
+}
+
+#[derive(Subcommand)]
+pub enum ImportCommand {
+    /// Import a Go Synkronus deployment (database, attachments, bundle versions) into this
+    /// server's empty database; devices keep their cursors and users their passwords.
+    GoSynkronus(crate::import::GoSynkronusArgs),
 }
 
 #[derive(Subcommand)]
@@ -98,6 +109,7 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         Command::Backup { output: Some(output), .. } => crate::backup::create::run(&config, &output).await,
         Command::Backup { verify, .. } => crate::backup::verify::run(&verify.unwrap_or_default()).await,
         Command::Restore { input, force } => crate::backup::restore::run(&config, &input, force).await,
+        Command::Import(ImportCommand::GoSynkronus(args)) => crate::import::run(&config, args).await,
         Command::Storage(cmd) => crate::storage::ops::run(&config, cmd).await,
         Command::User(cmd) => {
             let (pool, embedded) = connect_and_migrate(&config).await?;
@@ -135,7 +147,7 @@ async fn user_command(
     use crate::domain::user as rules;
     let auth = crate::auth::AuthService::from_config(config, crate::clock::Clock::default())?;
     // An operator at the console: the server itself, as far as the audit log can tell.
-    let origin = Origin::server(&crate::startup::node_name());
+    let origin = Origin::server(&config.node_id);
     match cmd {
         UserCommand::Create { username, password, role, email } => {
             rules::validate_username(&username).map_err(|p| anyhow::anyhow!(p.0))?;

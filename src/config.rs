@@ -51,8 +51,14 @@ pub enum DatabaseConfig {
 pub struct Config {
     pub port: u16,
     pub bind_address: IpAddr,
+    /// This node's name (`NODE_ID`): logs, metrics, `/health`, the export jobs it runs.
+    pub node_id: String,
     pub database: DatabaseConfig,
     pub db_pool_size: usize,
+    /// Hot-standby replicas that serve reads (docs/api.md §18.3).
+    pub db_read_replicas: Vec<String>,
+    pub replica_max_wait: Duration,
+    pub replica_max_lag: Duration,
     pub jwt_secret: Vec<u8>,
     pub jwt_ttl: Duration,
     pub refresh_ttl: Duration,
@@ -97,6 +103,7 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field("port", &self.port)
             .field("bind_address", &self.bind_address)
+            .field("node_id", &self.node_id)
             .field("data_root", &self.data_root)
             .field("db_pool_size", &self.db_pool_size)
             .field("record_validation", &self.record_validation)
@@ -129,8 +136,12 @@ impl Config {
         Config {
             port: 0,
             bind_address: IpAddr::from([0, 0, 0, 0]),
+            node_id: String::new(),
             database: DatabaseConfig::External(String::new()),
             db_pool_size: 0,
+            db_read_replicas: Vec::new(),
+            replica_max_wait: Duration::ZERO,
+            replica_max_lag: Duration::ZERO,
             jwt_secret: Vec::new(),
             jwt_ttl: Duration::ZERO,
             refresh_ttl: Duration::ZERO,
@@ -254,6 +265,7 @@ mod tests {
         let c = load_without("DB_CONNECTION").expect("defaults");
         assert_eq!(c.port, 8080);
         assert_eq!(c.bind_address, IpAddr::from([0, 0, 0, 0]));
+        assert!(c.node_id.ends_with(":8080") && c.node_id.len() > 5, "{}", c.node_id);
         assert!(
             matches!(&c.database, DatabaseConfig::Embedded { pg_run_as, pg_bin_dir: None } if pg_run_as == "postgres")
         );
@@ -387,6 +399,11 @@ mod tests {
             "::1".parse::<IpAddr>().unwrap()
         );
         refused(&[("BIND_ADDRESS", "localhost")], "BIND_ADDRESS");
+        assert_eq!(load(&[("NODE_ID", " node-a ")]).expect("node").node_id, "node-a");
+        assert!(load(&[("NODE_ID", "db1:9000"), ("PORT", "9000")]).is_ok());
+        assert!(load(&[("PORT", "9001")]).expect("port").node_id.ends_with(":9001"));
+        refused(&[("NODE_ID", "node a")], "NODE_ID");
+        refused(&[("NODE_ID", &"n".repeat(101))], "NODE_ID");
         let c = load(&[("PUBLIC_URL", "https://sync.example.org/synk/")]).expect("public url");
         assert_eq!(c.public_url.as_deref(), Some("https://sync.example.org/synk"));
         assert_eq!(load(&[("PUBLIC_URL", "")]).expect("empty").public_url, None);

@@ -10,6 +10,7 @@ pub mod domain;
 pub mod error;
 pub mod export;
 pub mod http;
+pub mod import;
 pub mod monitoring;
 pub mod schema_check;
 pub mod startup;

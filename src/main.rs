@@ -13,7 +13,7 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    synkronus::telemetry::init(&config.log_level, config.log_format);
+    synkronus::telemetry::init(&config.log_level, config.log_format, &config.node_id);
     if let Err(e) = synkronus::cli::run(cli, config).await {
         eprintln!("synkronus: {e:#}");
         std::process::exit(1);

@@ -87,6 +87,29 @@ pub fn rate_limited(limit: &'static str) {
     counter!("synkronus_rate_limited_total", "limit" => limit).increment(1);
 }
 
+/// One routed read (docs/api.md §18.3), by the database that answered: `primary` or `replica`.
+pub fn db_read(target: &'static str) {
+    counter!("synkronus_db_reads_total", "target" => target).increment(1);
+}
+
+/// A read meant for a replica that the primary answered: `behind` (the replica did not reach the
+/// client's cursor in time) or `error` (it failed).
+pub fn db_read_fallback(reason: &'static str) {
+    counter!("synkronus_db_read_fallbacks_total", "reason" => reason).increment(1);
+}
+
+/// A replica's rotation state and replay lag as the checker last saw them.
+pub fn replica_state(replica: &str, in_rotation: bool, lag_seconds: Option<f64>) {
+    gauge!("synkronus_db_replica_in_rotation", "replica" => replica.to_string()).set(if in_rotation {
+        1.0
+    } else {
+        0.0
+    });
+    if let Some(lag) = lag_seconds {
+        gauge!("synkronus_db_replica_lag_seconds", "replica" => replica.to_string()).set(lag);
+    }
+}
+
 /// Counts one running export for as long as it lives.
 pub struct ExportRunning(());
 
@@ -113,15 +136,44 @@ fn describe_defaults() {
             counter!("synkronus_rate_limited_total", "limit" => limit).increment(0);
         }
         counter!("synkronus_sync_push_replays_total").increment(0);
+        for target in ["primary", "replica"] {
+            counter!("synkronus_db_reads_total", "target" => target).increment(0);
+        }
+        for reason in ["behind", "error"] {
+            counter!("synkronus_db_read_fallbacks_total", "reason" => reason).increment(0);
+        }
         counter!("synkronus_attachment_bytes_uploaded_total").increment(0);
         gauge!("synkronus_exports_running").increment(0.0);
     });
 }
 
-/// The exposition text of everything recorded so far.
-pub fn render() -> String {
+/// The exposition text of everything recorded so far, every series labelled with `node`.
+///
+/// The label is added here rather than as a global label of the recorder: the recorder is one per
+/// process, and the tests run several servers (nodes) in one process.
+pub fn render(node: &str) -> String {
     describe_defaults();
-    handle().render()
+    with_node_label(&handle().render(), node)
+}
+
+/// Adds `node="…"` first to the labels of every sample line; comments pass unchanged.
+fn with_node_label(text: &str, node: &str) -> String {
+    let escaped = node.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+    let mut out = String::with_capacity(text.len() + text.len() / 4);
+    for line in text.lines() {
+        if line.is_empty() || line.starts_with('#') {
+            out.push_str(line);
+        } else if let Some(brace) = line.find('{').filter(|b| line.find(' ').is_none_or(|s| *b < s)) {
+            let (name, labels) = line.split_at(brace + 1);
+            out.push_str(&format!("{name}node=\"{escaped}\",{labels}"));
+        } else if let Some((name, value)) = line.split_once(' ') {
+            out.push_str(&format!("{name}{{node=\"{escaped}\"}} {value}"));
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
 }
 
 pub fn db_pool_connections(idle: usize, busy: usize) {
@@ -143,4 +195,21 @@ pub fn set_active_bundle(active: Option<String>) {
         gauge!("synkronus_bundle_active_info", "version" => new.clone()).set(1.0);
     }
     *shown = active;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_node_label;
+
+    #[test]
+    fn every_sample_gets_the_node_label() {
+        let text = "# HELP x_total Things\n# TYPE x_total counter\nx_total 3\n\
+                    y{route=\"/a b\",status=\"200\"} 1\nz_bucket{le=\"+Inf\"} 2\n\n";
+        let labelled = with_node_label(text, "n\"1");
+        assert_eq!(
+            labelled,
+            "# HELP x_total Things\n# TYPE x_total counter\nx_total{node=\"n\\\"1\"} 3\n\
+             y{node=\"n\\\"1\",route=\"/a b\",status=\"200\"} 1\nz_bucket{node=\"n\\\"1\",le=\"+Inf\"} 2\n\n"
+        );
+    }
 }

@@ -123,18 +123,28 @@ impl Application {
         let pool = connect_migrate(&config, &conn).await?;
         let clock = Clock::default();
         let auth = Arc::new(AuthService::from_config(&config, clock.clone())?);
-        let node = node_name();
+        let node = config.node_id.clone();
         bootstrap_admin(&config, &pool, &auth, &node).await?;
         check_data_root(&config)?;
         let storage = Arc::new(crate::storage::Storage::open(&config)?);
         storage.check_at_start().await?;
         let actors = crate::actors::start(&config, &pool, &conn, &clock, &storage).await?;
+        let login_limiter = Arc::new(LoginLimiter::new(config.rate_limit_login_per_min, pool.clone()));
+        login_limiter.spawn_sweeper();
 
+        let reads = crate::db::replicas::ReadRouter::new(
+            pool.clone(),
+            &config.db_read_replicas,
+            config.db_pool_size,
+            config.replica_max_wait,
+            config.replica_max_lag,
+        )?;
         let state = AppState {
             config: config.clone(),
             pool,
+            reads,
             auth,
-            login_limiter: Arc::new(LoginLimiter::new(config.rate_limit_login_per_min)),
+            login_limiter,
             user_limiter: Arc::new(crate::auth::user_rate::UserLimiter::new(
                 config.rate_limit_per_user_per_sec,
                 clock.clone(),
@@ -212,15 +222,6 @@ impl Application {
         }
         result.map_err(Into::into)
     }
-}
-
-/// This process's name in the audit log: the host name (docs/api.md §18.4).
-pub fn node_name() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|name| name.into_string().ok())
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 /// The audit log's `server.start` entry: version, node and the configuration without secrets.

@@ -12,6 +12,8 @@ use crate::config::Config;
 pub struct AppState {
     pub config: Arc<Config>,
     pub pool: deadpool_postgres::Pool,
+    /// Where routed reads go: a replica or the primary (docs/api.md §18.3).
+    pub reads: Arc<crate::db::replicas::ReadRouter>,
     pub auth: Arc<AuthService>,
     pub login_limiter: Arc<LoginLimiter>,
     pub user_limiter: Arc<crate::auth::user_rate::UserLimiter>,

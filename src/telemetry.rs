@@ -3,7 +3,7 @@
 
 pub mod request_id;
 
-use std::fmt::Debug;
+use std::fmt::{self, Debug};
 use std::sync::{Arc, OnceLock};
 
 use tracing::callsite::{DefaultCallsite, Identifier};
@@ -11,7 +11,8 @@ use tracing::dispatcher::WeakDispatch;
 use tracing::field::{Field, FieldSet, Visit};
 use tracing::metadata::Kind;
 use tracing::{Dispatch, Event, Level, Metadata, Subscriber};
-use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -19,24 +20,31 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
-pub fn init(level: &str, format: LogFormat) {
+/// `node` is `NODE_ID`: every line names it, so the logs of several nodes can be merged.
+pub fn init(level: &str, format: LogFormat, node: &str) {
     // Also routes the `log` records of dependencies into the same output.
     // Noisy dependencies stay at warn unless RUST_LOG says otherwise.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!("{level},actix_server=warn,tokio_postgres=warn,refinery_core=warn"))
     });
-    let _ = dispatch(filter, format, std::io::stdout).try_init();
+    let _ = dispatch(filter, format, node, std::io::stdout).try_init();
 }
 
 /// The whole logging stack, writing to `writer` (stdout in production, a buffer in tests).
-fn dispatch<W>(filter: EnvFilter, format: LogFormat, writer: W) -> Dispatch
+fn dispatch<W>(filter: EnvFilter, format: LogFormat, node: &str, writer: W) -> Dispatch
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
     let output = tracing_subscriber::fmt::layer().with_target(false).with_writer(writer);
     let output = match format {
-        LogFormat::Json => output.json().flatten_event(true).boxed(),
-        LogFormat::Text => output.boxed(),
+        LogFormat::Json => output
+            .json()
+            .flatten_event(true)
+            .map_event_format(|inner| WithNode::new(inner, node, LogFormat::Json))
+            .boxed(),
+        LogFormat::Text => {
+            output.map_event_format(|inner| WithNode::new(inner, node, LogFormat::Text)).boxed()
+        }
     };
     let demoter = ClientFaultsAtDebug::default();
     let own_dispatch = demoter.dispatch.clone();
@@ -93,6 +101,50 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for ClientFaultsAtDebug {
     }
 }
 
+/// Adds the node to every line, whichever thread or task logs it (a span would reach only the
+/// code running inside it): a `"node"` key first in a JSON object, a `node=` field last in text.
+struct WithNode<F> {
+    inner: F,
+    /// The JSON key and value, or the text field, ready to splice in.
+    field: String,
+    format: LogFormat,
+}
+
+impl<F> WithNode<F> {
+    fn new(inner: F, node: &str, format: LogFormat) -> Self {
+        let field = match format {
+            LogFormat::Json => format!("\"node\":{},", serde_json::Value::from(node)),
+            LogFormat::Text => format!(" node={node}"),
+        };
+        WithNode { inner, field, format }
+    }
+}
+
+impl<S, N, F> FormatEvent<S, N> for WithNode<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = String::new();
+        self.inner.format_event(ctx, Writer::new(&mut line), event)?;
+        match self.format {
+            LogFormat::Json if line.starts_with('{') => line.insert_str(1, &self.field),
+            _ => {
+                let end = line.trim_end_matches('\n').len();
+                line.insert_str(end, &self.field);
+            }
+        }
+        writer.write_str(&line)
+    }
+}
+
 #[derive(Default)]
 struct MessageText(String);
 
@@ -126,7 +178,7 @@ mod tests {
     fn logged_at(level: &str) -> String {
         let out = Captured::default();
         let writer = out.clone();
-        let dispatch = dispatch(EnvFilter::new(level), LogFormat::Text, move || writer.clone());
+        let dispatch = dispatch(EnvFilter::new(level), LogFormat::Text, "n1", move || writer.clone());
         tracing::dispatcher::with_default(&dispatch, || {
             tracing::error!(
                 target: "actix_http::h1::dispatcher",
@@ -136,6 +188,35 @@ mod tests {
         });
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         text
+    }
+
+    fn logged_as(format: LogFormat) -> String {
+        let out = Captured::default();
+        let writer = out.clone();
+        let dispatch = dispatch(EnvFilter::new("info"), format, "node \"b\"", move || writer.clone());
+        tracing::dispatcher::with_default(&dispatch, || {
+            tracing::info_span!("request", request_id = "r1")
+                .in_scope(|| tracing::info!(status = 200, "done"));
+            tracing::warn!("outside any span");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    #[test]
+    fn every_line_names_the_node() {
+        let text = logged_as(LogFormat::Text);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines.iter().all(|l| l.ends_with(" node=node \"b\"")), "{text}");
+        assert!(lines[0].contains("status=200"), "{text}");
+        let json = logged_as(LogFormat::Json);
+        for line in json.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("one JSON object per line");
+            assert_eq!(v["node"], "node \"b\"", "{line}");
+            assert!(v["message"].is_string(), "{line}");
+        }
+        assert_eq!(json.lines().count(), 2);
     }
 
     #[test]

@@ -54,6 +54,12 @@ impl BlobPaths {
         self.root.join("tmp")
     }
 
+    /// Where a blob lies in the local layout under ATTACHMENTS_PATH (what `synkronus import`
+    /// writes before its files are stored; see docs/storage.md).
+    pub fn blob(&self, sha256: &str) -> PathBuf {
+        self.root.join(blob_key(sha256))
+    }
+
     fn create_dirs(&self) -> std::io::Result<()> {
         std::fs::create_dir_all(self.tmp_dir())
     }
@@ -167,8 +173,9 @@ pub struct AttachmentStore {
     resizes: Arc<Semaphore>,
     /// Held shared by each upload (from its first look at the table until its row is committed)
     /// and each resize, and exclusively by a reset (from its commit until the files are gone).
-    /// Fair: work arriving during a reset waits for it. It orders this process only; the reset
-    /// of another process sharing the folder is not covered (each node has its own disk today).
+    /// Fair: work arriving during a reset waits for it. It orders this process; uploads and
+    /// resets of other nodes sharing the folder are ordered by the database lock of
+    /// `db::attachments::lock_files_shared`, taken inside it.
     files: Arc<RwLock<()>>,
 }
 
@@ -266,9 +273,13 @@ impl Handler<Store> for AttachmentStore {
         let files = self.files.clone();
         Box::pin(async move {
             let _no_reset = files.read_owned().await;
+            // The same for resets on other nodes sharing the folder.
+            let mut guard_connection = pool.get().await?;
+            let no_reset_anywhere = guard_connection.transaction().await?;
+            attachments::lock_files_shared(&no_reset_anywhere).await?;
             // Answers the common retry without touching the blob store; the ChangeLog commit below
             // still decides every race.
-            let existing = attachments::find(&pool.get().await?, &msg.id).await?;
+            let existing = attachments::find(&no_reset_anywhere, &msg.id).await?;
             if let Some(row) = existing {
                 return if row.sha256 == msg.staged.sha256 {
                     Ok(AttachmentCommit { row, created: false })
@@ -288,7 +299,10 @@ impl Handler<Store> for AttachmentStore {
                 uploaded_by,
                 client_id,
             };
-            change_log.commit_attachment(new).await
+            let committed = change_log.commit_attachment(new).await;
+            // Only the lock was in it; a failed rollback ends the transaction as well.
+            let _ = no_reset_anywhere.rollback().await;
+            committed
         })
     }
 }
@@ -358,12 +372,17 @@ impl Handler<ResetRepository> for AttachmentStore {
 
     fn handle(&mut self, ResetRepository(origin): ResetRepository, _: &mut Self::Context) -> Self::Result {
         let (change_log, area, files) = (self.change_log.clone(), self.area.clone(), self.files.clone());
+        let pool = self.pool.clone();
         Box::pin(async move {
             let _exclusive = files.write_owned().await;
+            let mut guard_connection = pool.get().await?;
+            let exclusive_everywhere = guard_connection.transaction().await?;
+            attachments::lock_files_exclusive(&exclusive_everywhere).await?;
             let head = change_log.reset_repository(origin).await?;
             // Files go only after the commit: a failed reset must not lose attachments still
             // referenced.
             remove_files(&area).await;
+            let _ = exclusive_everywhere.rollback().await;
             Ok(head)
         })
     }

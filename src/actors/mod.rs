@@ -74,8 +74,7 @@ pub async fn start(
         )?
         .start(),
     );
-    let export_jobs =
-        export_jobs::ExportJobsHandle(export_jobs::ExportJobs::new(config, conn, clock.clone())?.start());
+    let export_jobs = export_jobs::ExportJobs::start(config, pool, conn, clock.clone())?;
     spawn_housekeeping(pool.clone(), config.transmission_retention_days, config.audit_retention_days);
     Ok(Actors { change_log, presence, bundles, attachments, export_jobs })
 }

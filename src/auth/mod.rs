@@ -1,5 +1,5 @@
 //! Tokens and passwords: JWT issue/verify, refresh-token minting, bcrypt off the executor, and the
-//! per-token revocation cache that keeps the database out of the hot path (API.md 6.1).
+//! per-token revocation cache that keeps the database out of the hot path (docs/api.md §6.1).
 
 pub mod rate_limit;
 pub mod user_rate;
@@ -26,7 +26,7 @@ use crate::domain::role::Role;
 use crate::domain::user::DEFAULT_ADMIN_PASSWORD;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 
-/// bcrypt cost required by API.md 7.1.
+/// bcrypt cost required by docs/api.md §7.1.
 pub const BCRYPT_COST: u32 = 12;
 /// A real cost-12 bcrypt hash, so unknown users cost the same time as wrong passwords; a constant
 /// because hashing one at every start costs 0.3 s of CPU (and every CLI command starts one).
@@ -289,6 +289,16 @@ mod tests {
     fn dummy_hash_costs_as_much_as_a_real_one() {
         assert!(DUMMY_HASH.starts_with(&format!("$2b${BCRYPT_COST}$")));
         assert!(bcrypt::verify("not-a-real-password", DUMMY_HASH).unwrap());
+    }
+
+    /// Hashes imported from Go Synkronus carry the `$2a$` prefix (docs/api.md §19.2).
+    #[test]
+    fn go_style_2a_hashes_verify() {
+        let hash =
+            bcrypt::hash_with_result("go-password", 4).unwrap().format_for_version(bcrypt::Version::TwoA);
+        assert!(hash.starts_with("$2a$04$"));
+        assert!(bcrypt::verify("go-password", &hash).unwrap());
+        assert!(!bcrypt::verify("other", &hash).unwrap());
     }
 
     #[test]

@@ -1,66 +1,80 @@
-//! Login attempts per (client IP, username) in a sliding 60 s window (API.md 15).
+//! Login attempts per (client IP, username) in a sliding 60 s window (docs/api.md §15), counted in
+//! PostgreSQL so that the limit holds for every node sharing the database (§18.2).
 
-use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dashmap::DashMap;
+use sha2::{Digest, Sha256};
 
-const WINDOW: Duration = Duration::from_secs(60);
+use crate::db::login_attempts::{self, Attempt};
+use crate::db::DbResult;
+
+/// How often rows whose attempts have all left the window are removed.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 pub struct LoginLimiter {
     per_minute: u32,
-    attempts: DashMap<(IpAddr, String), VecDeque<Instant>>,
+    pool: deadpool_postgres::Pool,
 }
 
 impl LoginLimiter {
-    pub fn new(per_minute: u32) -> Self {
-        LoginLimiter { per_minute, attempts: DashMap::new() }
+    /// `per_minute` 0 turns the limit off.
+    pub fn new(per_minute: u32, pool: deadpool_postgres::Pool) -> Self {
+        LoginLimiter { per_minute, pool }
     }
 
     /// Counts an attempt, or says how many seconds until one is allowed (a refusal is not counted).
-    pub fn try_attempt(&self, ip: IpAddr, username: &str) -> Result<(), u64> {
+    pub async fn try_attempt(&self, ip: IpAddr, username: &str) -> DbResult<Result<(), u64>> {
         if self.per_minute == 0 {
-            return Ok(());
+            return Ok(Ok(()));
         }
-        let now = Instant::now();
-        if self.attempts.len() > 50_000 {
-            self.attempts.retain(|_, q| q.back().is_some_and(|t| now.duration_since(*t) < WINDOW));
-        }
-        let mut entry = self.attempts.entry((ip, username.to_string())).or_default();
-        while entry.front().is_some_and(|t| now.duration_since(*t) >= WINDOW) {
-            entry.pop_front();
-        }
-        if entry.len() >= self.per_minute as usize {
-            let oldest = entry.front().copied().unwrap_or(now);
-            let wait = WINDOW.saturating_sub(now.duration_since(oldest));
-            return Err(wait.as_secs_f64().ceil().max(1.0) as u64);
-        }
-        entry.push_back(now);
-        Ok(())
+        let key = Sha256::digest(username.as_bytes());
+        let db = self.pool.get().await?;
+        Ok(match login_attempts::attempt(&db, ip, &key, self.per_minute).await? {
+            Attempt::Counted => Ok(()),
+            Attempt::Refused { seconds_left } => Err(retry_after(seconds_left)),
+        })
     }
+
+    /// Sweeps expired rows every minute, for as long as the server runs (every node does; a row
+    /// deleted twice costs nothing).
+    pub fn spawn_sweeper(&self) {
+        if self.per_minute == 0 {
+            return;
+        }
+        let pool = self.pool.clone();
+        actix::spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                tick.tick().await;
+                let Ok(db) = pool.get().await else { continue };
+                if let Err(e) = login_attempts::sweep(&db).await {
+                    tracing::warn!(error = %e, "sweeping old login attempts failed");
+                }
+            }
+        });
+    }
+}
+
+/// `Retry-After` in whole seconds, at least 1.
+fn retry_after(seconds_left: f64) -> u64 {
+    let seconds = seconds_left.ceil();
+    if seconds.is_nan() {
+        return 1;
+    }
+    seconds.clamp(1.0, 60.0) as u64
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::retry_after;
 
     #[test]
-    fn limits_per_ip_and_username() {
-        let l = LoginLimiter::new(2);
-        let ip: IpAddr = [127, 0, 0, 1].into();
-        assert!(l.try_attempt(ip, "a").is_ok());
-        assert!(l.try_attempt(ip, "a").is_ok());
-        let wait = l.try_attempt(ip, "a").unwrap_err();
-        assert!((1..=60).contains(&wait));
-        assert!(l.try_attempt(ip, "b").is_ok());
-    }
-
-    #[test]
-    fn zero_disables() {
-        let l = LoginLimiter::new(0);
-        for _ in 0..100 {
-            assert!(l.try_attempt([10, 0, 0, 1].into(), "x").is_ok());
-        }
+    fn retry_after_is_whole_seconds_within_the_window() {
+        assert_eq!(retry_after(0.2), 1);
+        assert_eq!(retry_after(-3.0), 1);
+        assert_eq!(retry_after(59.01), 60);
+        assert_eq!(retry_after(12.0), 12);
+        assert_eq!(retry_after(f64::NAN), 1);
     }
 }

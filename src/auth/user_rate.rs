@@ -1,4 +1,4 @@
-//! The optional per-user request rate (API.md 15): a token bucket per user that refills at R per
+//! The optional per-user request rate (docs/api.md §15): a token bucket per user that refills at R per
 //! second up to 2R.
 
 use std::time::Instant;

@@ -99,6 +99,19 @@ pub static VARIABLES: &[Variable] = &[
     Variable::defaulted("PORT", "8080", "HTTP listen port", set!(port = port)),
     Variable::defaulted("BIND_ADDRESS", "0.0.0.0", "Listen address", set!(bind_address = ip_address)),
     Variable::optional(
+        "NODE_ID",
+        "host name and `PORT`",
+        "This node's name in logs, `/metrics` (`node` label), `/health` and export jobs; unique per node \
+         when several share one database ([docs/deploy.md](docs/deploy.md))",
+        |c, raw| {
+            c.node_id = match non_blank(raw) {
+                Some(id) => node_id(id)?,
+                None => format!("{}:{}", host_name(), c.port),
+            };
+            Ok(())
+        },
+    ),
+    Variable::optional(
         "DB_CONNECTION",
         "unset",
         "`postgres://…` URL or libpq `key=value` string (`sslmode`, `connect_timeout` honoured). Unset: the \
@@ -141,6 +154,36 @@ pub static VARIABLES: &[Variable] = &[
         "16",
         "Connections per process for requests (≥ 2); the change log keeps 2 more, each running export 1",
         set!(db_pool_size = |raw| at_least(raw, 2)),
+    ),
+    Variable::optional(
+        "DB_READ_REPLICAS",
+        "empty",
+        "Comma-separated connection strings (forms of `DB_CONNECTION`) of PostgreSQL hot-standby replicas \
+         of the primary; pulls, manifests, listings, exports, statistics and `GET /devices` are read from them",
+        |c, raw| {
+            let mut replicas = Vec::new();
+            for conn in raw.unwrap_or_default().split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                crate::db::parse_connection(conn)?;
+                replicas.push(conn.to_string());
+            }
+            c.db_read_replicas = replicas;
+            Ok(())
+        },
+    ),
+    Variable::defaulted(
+        "REPLICA_MAX_WAIT_MS",
+        "500",
+        "How long a read may wait for a replica to catch up with the client's cursor before the primary answers",
+        |c, raw| {
+            c.replica_max_wait = Duration::from_millis(number(raw)?);
+            Ok(())
+        },
+    ),
+    Variable::defaulted(
+        "REPLICA_MAX_LAG_SECONDS",
+        "30",
+        "A replica further behind (or unreachable) leaves the rotation; it is re-checked every 5 s",
+        set!(replica_max_lag = seconds),
     ),
     Variable::required(
         "JWT_SECRET",
@@ -336,13 +379,13 @@ pub static VARIABLES: &[Variable] = &[
     Variable::defaulted(
         "RATE_LIMIT_LOGIN_PER_MIN",
         "10",
-        "Login attempts per (IP, username) per minute; 0 = off",
+        "Login attempts per (IP, username) per minute, counted for all nodes together (in the database); 0 = off",
         set!(rate_limit_login_per_min = number),
     ),
     Variable::defaulted(
         "RATE_LIMIT_PER_USER_PER_SEC",
         "0",
-        "Authenticated requests per user per second; 0 = off",
+        "Authenticated requests per user per second, counted by each node on its own; 0 = off",
         set!(rate_limit_per_user_per_sec = number),
     ),
     Variable::defaulted(
@@ -419,6 +462,24 @@ fn port(raw: &str) -> Result<u16, String> {
         p @ 1..=65535 => Ok(p as u16),
         _ => Err("must be between 1 and 65535".into()),
     }
+}
+
+/// Printable and short: it becomes a log field, a metrics label and a column value.
+fn node_id(raw: &str) -> Result<String, String> {
+    let id = raw.trim();
+    if id.len() > 100 || id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err("must be at most 100 characters without spaces or control characters".into());
+    }
+    Ok(id.to_string())
+}
+
+/// The machine's host name; `localhost` when the system does not say.
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
 }
 
 fn ip_address(raw: &str) -> Result<IpAddr, String> {

@@ -16,6 +16,28 @@ pub struct AttachmentRow {
     pub client_id: Option<String>,
     pub created_at: DateTime<Utc>,
     pub change_id: i64,
+    /// A tombstone (docs/api.md §19.2): the attachment was deleted at `change_id`; only `id`,
+    /// `client_id`, `created_at` (the deletion time) and `change_id` mean anything then.
+    pub deleted: bool,
+}
+
+/// The attachment files' lock for every node sharing the folder (docs/deploy.md): an upload takes
+/// it shared from its first look at the table until its row is committed, a repository reset
+/// exclusively from before its commit until the files are gone. Transaction-scoped, so it goes
+/// with the transaction however its holder ends.
+const FILES_LOCK: i64 = 0x5359_4e4b_0020;
+
+/// Waits until no reset runs on any node, then keeps resets out until the transaction ends.
+pub async fn lock_files_shared(tx: &impl GenericClient) -> DbResult<()> {
+    tx.execute("SELECT pg_advisory_xact_lock_shared($1)", &[&FILES_LOCK]).await?;
+    Ok(())
+}
+
+/// Waits until no upload is between its look at the table and its commit on any node, then keeps
+/// uploads out until the transaction ends.
+pub async fn lock_files_exclusive(tx: &impl GenericClient) -> DbResult<()> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&FILES_LOCK]).await?;
+    Ok(())
 }
 
 const COLUMNS: &str = "id, sha256, size, content_type, uploaded_by, client_id, created_at, change_id";
@@ -30,6 +52,7 @@ fn from_row(r: &Row) -> AttachmentRow {
         client_id: r.get(5),
         created_at: r.get(6),
         change_id: r.get(7),
+        deleted: false,
     }
 }
 
@@ -49,10 +72,12 @@ pub struct NewAttachment {
     pub client_id: Option<String>,
 }
 
-/// Inserts the row and counts it (src/db/stats.rs): call it in the change log's transaction.
+/// Inserts the row and counts it (src/db/stats.rs): call it in the change log's transaction. A
+/// tombstone of the same id (an imported deletion) goes in the same statement.
 pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) -> DbResult<AttachmentRow> {
     let sql = format!(
-        "INSERT INTO attachments (id, sha256, size, content_type, uploaded_by, client_id, change_id)
+        "WITH revived AS (DELETE FROM attachment_tombstones WHERE id = $1)
+         INSERT INTO attachments (id, sha256, size, content_type, uploaded_by, client_id, change_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {COLUMNS}"
     );
     let row = db
@@ -65,28 +90,45 @@ pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) 
     Ok(from_row(&row))
 }
 
-/// Attachments recorded after a cursor, up to the snapshot head, with that head (one statement).
-pub async fn changes_after(db: &impl GenericClient, after: i64) -> DbResult<(i64, Vec<AttachmentRow>)> {
-    changes_where(db, "change_id > $1", &after).await
+/// Attachments recorded (and, with `deletions`, deleted) after a cursor, up to the snapshot head,
+/// with that head (one statement).
+pub async fn changes_after(
+    db: &impl GenericClient,
+    after: i64,
+    deletions: bool,
+) -> DbResult<(i64, Vec<AttachmentRow>)> {
+    changes_where(db, ["change_id > $1", "change_id > $1"], &after, deletions).await
 }
 
-/// Attachments recorded after a moment, up to the snapshot head, with that head.
+/// Attachments recorded or deleted after a moment, up to the snapshot head, with that head.
 pub async fn changes_since(
     db: &impl GenericClient,
     since: DateTime<Utc>,
 ) -> DbResult<(i64, Vec<AttachmentRow>)> {
-    changes_where(db, "created_at > $1", &since).await
+    changes_where(db, ["created_at > $1", "deleted_at > $1"], &since, true).await
 }
 
+/// `conditions`: on `attachments`, then on `attachment_tombstones`.
 async fn changes_where(
     db: &impl GenericClient,
-    condition: &str,
+    [condition, tombstone_condition]: [&str; 2],
     param: &(dyn tokio_postgres::types::ToSql + Sync),
+    deletions: bool,
 ) -> DbResult<(i64, Vec<AttachmentRow>)> {
+    let tombstones = if deletions {
+        format!(
+            "UNION ALL SELECT id, '', 0, '', '', client_id, deleted_at, change_id, true FROM attachment_tombstones
+             WHERE {tombstone_condition} AND change_id <= h.head"
+        )
+    } else {
+        String::new()
+    };
     let sql = format!(
         "WITH h AS (SELECT head FROM change_head)
          SELECT h.head, a.* FROM h LEFT JOIN LATERAL (
-             SELECT {COLUMNS} FROM attachments WHERE {condition} AND change_id <= h.head ORDER BY change_id
+             SELECT {COLUMNS}, false FROM attachments WHERE {condition} AND change_id <= h.head
+             {tombstones}
+             ORDER BY change_id
          ) a ON true"
     );
     let rows = db.query(&sql, &[param]).await?;
@@ -103,6 +145,7 @@ async fn changes_where(
             client_id: r.get(6),
             created_at: r.get(7),
             change_id: r.get(8),
+            deleted: r.get(9),
         })
         .collect();
     Ok((head, items))

@@ -34,7 +34,7 @@ pub struct Sequence {
     pub last_value: Option<i64>,
 }
 
-/// What a restore target already holds (API.md 18.4: only the bootstrap admin may be there).
+/// What a restore target already holds (docs/api.md §18.4: only the bootstrap admin may be there).
 #[derive(Debug, Default)]
 pub struct TargetContents {
     pub records: i64,
@@ -222,7 +222,7 @@ pub async fn set_sequence(db: &Transaction<'_>, sequence: &Sequence) -> DbResult
     Ok(())
 }
 
-/// Raises the repository generation (API.md 17.2) above both the restored one and `replaced`
+/// Raises the repository generation (docs/api.md §17.2) above both the restored one and `replaced`
 /// (the target's before the restore), and returns it.
 pub async fn raise_generation(db: &Transaction<'_>, replaced: i64) -> DbResult<i64> {
     Ok(db

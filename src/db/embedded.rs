@@ -68,6 +68,11 @@ impl EmbeddedPostgres {
         &self.data_dir
     }
 
+    /// Where the PostgreSQL binaries were found (tests run `pg_basebackup` from there).
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
     /// A libpq connection string for a database of this cluster.
     pub fn connection_string(&self, dbname: &str) -> String {
         format!("host={} user={SUPERUSER} dbname={dbname}", self.socket_dir.display())

@@ -118,7 +118,8 @@ pub async fn head_and_generation(db: &impl GenericClient) -> DbResult<Head> {
 /// rises. Returns the new head state.
 pub async fn reset_repository(db: &impl GenericClient) -> DbResult<Head> {
     db.batch_execute(
-        "DELETE FROM record_revisions; DELETE FROM records; DELETE FROM transmissions; DELETE FROM attachments;",
+        "DELETE FROM record_revisions; DELETE FROM records; DELETE FROM transmissions; DELETE FROM attachments;
+         DELETE FROM attachment_tombstones;",
     )
     .await?;
     stats::clear(db).await?;

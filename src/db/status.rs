@@ -49,3 +49,24 @@ pub async fn head_and_active_bundle(db: &impl GenericClient) -> DbResult<(i64, O
         .await?;
     Ok((row.get(0), row.get(1)))
 }
+
+/// Where a hot standby's replay stands.
+pub struct ReplicaPosition {
+    pub replay_lsn: Option<String>,
+    /// Zero when replay has applied everything received (an idle primary sends no new
+    /// transactions, so the last replayed one's age would otherwise grow without any lag).
+    pub lag_seconds: f64,
+}
+
+pub async fn replica_position(db: &impl GenericClient) -> DbResult<ReplicaPosition> {
+    let row = db
+        .query_one(
+            "SELECT pg_last_wal_replay_lsn()::text,
+                    CASE WHEN pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn() THEN 0
+                         ELSE coalesce(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0)
+                    END::float8",
+            &[],
+        )
+        .await?;
+    Ok(ReplicaPosition { replay_lsn: row.get(0), lag_seconds: row.get(1) })
+}

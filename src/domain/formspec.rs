@@ -62,6 +62,16 @@ pub struct KeptFormSpec {
     pub version: String,
 }
 
+impl KeptFormSpec {
+    /// What the uploader is told (the `FORMSPEC_CONFLICT` warning's message).
+    pub fn message(&self) -> String {
+        format!(
+            "Form spec {} version {} already exists with different content; the existing spec was kept",
+            self.form_type, self.version
+        )
+    }
+}
+
 /// The version a bundle's form is registered under (docs/api.md §11.2): the schema's top-level
 /// string `version` when it is a valid identifier, otherwise the bundle version id.
 pub fn bundle_form_version(schema: &Value, bundle_version: &str) -> String {

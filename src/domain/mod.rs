@@ -5,6 +5,7 @@ pub mod audit;
 pub mod bundle;
 pub mod export;
 pub mod formspec;
+pub mod go_import;
 pub mod mime;
 pub mod page_token;
 pub mod problem;

@@ -18,6 +18,7 @@ use tokio_postgres::IsolationLevel;
 use super::sink::{ChannelWriter, Chunk, ExportBody, PendingExport, Sink, CHANNEL_CHUNKS};
 use crate::clock::Clock;
 use crate::db::export as sql;
+use crate::db::replicas::{ReadRouter, Target};
 use crate::domain::export::{
     entry_name_for_form_type, observation_json, raw_json_entry_name, write_ndjson_line, ColumnInference,
     CsvFormWriter, DataColumn, ExportError, ExportFilter, ExportFormat, ExportRequest, ExportRow, ExportZip,
@@ -55,6 +56,8 @@ impl JobProgress {
 pub struct Engine {
     runtime: Handle,
     pool: deadpool_postgres::Pool,
+    /// Snapshots are taken on a replica when one is configured and current (docs/api.md §18.3).
+    reads: Arc<ReadRouter>,
     slots: Arc<Semaphore>,
     /// Where jobs write (`DATA_ROOT/exports`); finished files are stored in `exports` under
     /// their file name, which is this folder itself with the default storage.
@@ -82,8 +85,9 @@ fn run_in_background() {
     }
 }
 
-/// Removes job files left by an earlier run once they are past the TTL (their jobs are gone
-/// with that process; files of other processes sharing the data root stay until then).
+/// Removes job files past the TTL that no expiry removed with their row: the file of a job whose
+/// node died before recording it, the `.part` of a job whose node died while writing it. Files
+/// of other nodes sharing the data root stay until then.
 fn remove_stale_files(dir: &Path, ttl: Duration) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
@@ -139,15 +143,26 @@ impl Engine {
         if !exports.is_local() {
             handle.spawn(remove_stale_stored(exports.clone(), config.export_job_ttl));
         }
-        let engine = Engine {
-            runtime: handle,
-            pool: crate::db::create_pool(db_conn, slots)?,
-            slots: Arc::new(Semaphore::new(slots)),
-            dir,
-            exports,
-            clock,
+        let pool = crate::db::create_pool(db_conn, slots)?;
+        // The router's checker runs on the export runtime, beside the connections it probes.
+        let reads = {
+            let _on_export_runtime = handle.enter();
+            ReadRouter::new(
+                pool.clone(),
+                &config.db_read_replicas,
+                slots,
+                config.replica_max_wait,
+                config.replica_max_lag,
+            )?
         };
+        let slots = Arc::new(Semaphore::new(slots));
+        let engine = Engine { runtime: handle, pool, reads, slots, dir, exports, clock };
         Ok((Arc::new(engine), EngineStop { _stop: stop_tx }))
+    }
+
+    /// The folder of job files: DATA_ROOT/exports/, shared by the nodes of a cluster.
+    pub fn files_dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Where job `id`'s file lives once it is done.
@@ -221,9 +236,9 @@ impl Engine {
         &self,
         request: &ExportRequest,
         tx: &mpsc::Sender<Chunk>,
-        head_tx: oneshot::Sender<ApiResult<i64>>,
+        head_tx: oneshot::Sender<ApiResult<(i64, Target)>>,
     ) {
-        let mut client = match self.block(self.pool.get()) {
+        let (mut client, by) = match self.block(self.reads.connection(request.filter.since_change_id)) {
             Ok(c) => c,
             Err(e) => {
                 let _ = head_tx.send(Err(e.into()));
@@ -240,7 +255,7 @@ impl Engine {
                 return;
             }
         };
-        if head_tx.send(Ok(head)).is_err() {
+        if head_tx.send(Ok((head, by))).is_err() {
             return;
         }
         let aborted = Arc::new(AtomicBool::new(false));
@@ -318,11 +333,18 @@ impl Engine {
         progress: &JobProgress,
         part: &Path,
     ) -> Result<(), RunError> {
-        let mut client = self.block(self.pool.get())?;
-        let result = self.write_job_with(&mut client, request, progress, part);
+        let (mut client, by) = self.block(self.reads.connection(request.filter.since_change_id))?;
+        let mut result = self.write_job_with(&mut client, request, progress, part);
         if matches!(result, Err(RunError::Db(_))) {
             // Possibly a dead connection: never hand it to the next export.
             drop(deadpool_postgres::Object::take(client));
+            if by == Target::Replica {
+                // A replica failing mid-job: the job runs again on the primary, from the start.
+                tracing::warn!("export job failed on a read replica; running it again on the primary");
+                progress.rows_done.store(0, Ordering::Relaxed);
+                let mut client = self.block(self.pool.get())?;
+                result = self.write_job_with(&mut client, request, progress, part);
+            }
         }
         result
     }
@@ -366,6 +388,8 @@ enum RunError {
     Db(#[from] tokio_postgres::Error),
     #[error("database pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
+    #[error("database: {0}")]
+    Connect(#[from] crate::db::DbError),
     #[error(transparent)]
     Export(#[from] ExportError),
     #[error("I/O: {0}")]

@@ -10,9 +10,9 @@
 //! Why a module of its own: the engine does I/O (database cursors, threads, files, channels), so it
 //! is not `domain/`, and it owns no state that needs a mailbox, so it is not an actor. The
 //! `ExportJobs` actor (`actors/export_jobs.rs`) is the registry: which jobs exist, who owns them,
-//! when they expire. The engine knows nothing of it: it takes a slot, runs one export, and reports
-//! a job's progress through [`JobProgress`]. Moving job state into PostgreSQL changes the registry
-//! and that reporting, not the engine's cursor loop or its writers.
+//! when they expire, all kept in PostgreSQL so that any node answers for any job. The engine knows
+//! nothing of it: it takes a slot, runs one export, and reports a job's progress through
+//! [`JobProgress`], which the registry copies into the job's row.
 //!
 //! A slot (`EXPORT_MAX_CONCURRENT`) is taken per export. A streamed export that finds none is
 //! refused (the registry answers 429); a job waits for one. A streamed export keeps its slot until

@@ -43,7 +43,8 @@ impl futures_util::Stream for ExportBody {
 /// A streamed export that has started: `head` resolves once its snapshot is taken (or it failed
 /// to start), before any row is read.
 pub struct PendingExport {
-    pub head: oneshot::Receiver<ApiResult<i64>>,
+    /// The snapshot head, and which database the snapshot was taken on.
+    pub head: oneshot::Receiver<ApiResult<(i64, crate::db::replicas::Target)>>,
     pub body: ExportBody,
 }
 

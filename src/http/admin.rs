@@ -1,4 +1,4 @@
-//! Operator routes: repository reset and the device list (API.md 17.3, 17.4), the audit log
+//! Operator routes: repository reset and the device list (docs/api.md §17.3, §17.4), the audit log
 //! (docs/api.md §18.4).
 
 use actix_web::http::header::HeaderValue;
@@ -70,8 +70,11 @@ pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
             ApiError::bad_request("'stale_after' must be a number of seconds").with_path("?stale_after")
         })?),
     };
-    let db = st.pool.get().await?;
-    let (head, rows) = presence::list(&db, username, stale_after).await?;
+    let served = st
+        .reads
+        .read(None, |_| 0, |db| Box::pin(async move { presence::list(&db, username, stale_after).await }))
+        .await?;
+    let (head, rows) = served.value;
     let devices: Vec<Device> = rows
         .into_iter()
         .map(|d| Device {
@@ -84,7 +87,7 @@ pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
             username: d.username,
         })
         .collect();
-    Ok(HttpResponse::Ok().json(devices))
+    Ok(crate::http::context::served_by(HttpResponse::Ok().json(devices), served.by))
 }
 
 fn bad_filter(name: &str, message: String) -> ApiError {

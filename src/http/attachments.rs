@@ -9,12 +9,16 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use crate::actors::attachment_store::{self, BlobPaths, Staged, Store};
+use crate::actors::change_log::reset_required;
 use crate::db::attachments::{self, AttachmentRow};
+use crate::db::records;
+use crate::db::replicas::Target;
 use crate::domain::attachment::{self as rules, Quality, RangeAnswer};
 use crate::domain::role::Role;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::context::served_by;
 use crate::http::extract::{forwarded_header, path_param, state, Auth, JsonBody};
-use crate::http::sync::{current_generation, query_pairs, report_sync};
+use crate::http::sync::{client_generation, current_generation, query_pairs, report_sync};
 use crate::http::wire;
 use crate::http::wire::attachments::{
     DownloadManifest, DownloadOperation, Manifest, ManifestOperation, ManifestRequest, OperationCount,
@@ -338,6 +342,7 @@ fn operations_cursor(pairs: &[(String, String)]) -> ApiResult<Cursor> {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Cursor {
     After(i64),
     Since(chrono::DateTime<chrono::Utc>),
@@ -356,18 +361,55 @@ pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     let cursor = operations_cursor(&query_pairs(&req))?;
-    let db = st.pool.get().await?;
-    let generation = current_generation(&db, &req, &Value::Null).await?;
-    let (head, rows) = match cursor {
-        Cursor::After(n) => attachments::changes_after(&db, n).await?,
-        Cursor::Since(t) => attachments::changes_since(&db, t).await?,
-    };
+    let (generation, head, rows, by) = manifest_rows(st, &req, &Value::Null, cursor).await?;
     let operations = rows.iter().map(ManifestOperation::from).collect();
-    Ok(HttpResponse::Ok().json(Manifest {
+    let res = HttpResponse::Ok().json(Manifest {
         change_cutoff: head,
         operations,
         repository_generation: generation,
-    }))
+    });
+    Ok(served_by(res, by))
+}
+
+/// A manifest's generation, head and rows, from a replica that has reached the client's cursor
+/// (docs/api.md §18.3); a client holding another repository generation gets 409.
+async fn manifest_rows(
+    st: &AppState,
+    req: &HttpRequest,
+    body: &Value,
+    cursor: Cursor,
+) -> ApiResult<(i64, i64, Vec<AttachmentRow>, Target)> {
+    let client = client_generation(req, body);
+    let after = match cursor {
+        Cursor::After(n) => Some(n),
+        Cursor::Since(_) => None,
+    };
+    // A replica showing an older generation than the client's is behind, not a reset.
+    let position = |(generation, head, _): &(i64, i64, Vec<AttachmentRow>)| {
+        if client.is_some_and(|g| g > *generation) {
+            -1
+        } else {
+            *head
+        }
+    };
+    let served = st
+        .reads
+        .read(after.or(client.map(|_| 0)), position, |db| {
+            Box::pin(async move {
+                let generation = records::head_and_generation(&db).await?.repository_generation;
+                let (head, rows) = match cursor {
+                    Cursor::After(n) => attachments::changes_after(&db, n, true).await?,
+                    Cursor::Since(t) => attachments::changes_since(&db, t).await?,
+                };
+                Ok((generation, head, rows))
+            })
+        })
+        .await?;
+    let (generation, head, rows) = served.value;
+    if client.is_some_and(|g| g != generation) {
+        return Err(reset_required(generation));
+    }
+    Ok((generation, head, rows, served.by))
 }
 
 /// Attachments changed since a cursor (Synkronus 1.0 shape)
@@ -394,31 +436,41 @@ pub async fn manifest_post(
             ApiError::bad_request("'since_version' must be an integer >= 0").with_path("/since_version")
         })?,
     };
-    let db = st.pool.get().await?;
-    let generation = current_generation(&db, &req, &body).await?;
-    let (head, rows) = attachments::changes_after(&db, since).await?;
+    let (generation, head, rows, by) = manifest_rows(st, &req, &body, Cursor::After(since)).await?;
     // The attachment cursor is not the data cursor: this is a plain sighting.
     report_sync(&req, st, &caller.username, client_id, None);
     let base = format!("{}{}/attachments/", public_base(&req, st), route_prefix(&req));
     let total: i64 = rows.iter().map(|r| r.size).sum();
+    let deletions = rows.iter().filter(|r| r.deleted).count();
     let operations = rows
         .iter()
-        .map(|r| DownloadOperation {
-            attachment_id: r.id.clone(),
-            content_type: r.content_type.clone(),
-            download_url: format!("{base}{}", rules::encode_segment(&r.id)),
-            operation: "download",
-            size: r.size,
-            version: r.change_id,
+        .map(|r| match r.deleted {
+            true => DownloadOperation {
+                attachment_id: r.id.clone(),
+                content_type: None,
+                download_url: None,
+                operation: "delete",
+                size: None,
+                version: r.change_id,
+            },
+            false => DownloadOperation {
+                attachment_id: r.id.clone(),
+                content_type: Some(r.content_type.clone()),
+                download_url: Some(format!("{base}{}", rules::encode_segment(&r.id))),
+                operation: "download",
+                size: Some(r.size),
+                version: r.change_id,
+            },
         })
         .collect();
-    Ok(HttpResponse::Ok().json(DownloadManifest {
+    let res = HttpResponse::Ok().json(DownloadManifest {
         current_version: head,
-        operation_count: OperationCount { delete: 0, download: rows.len() },
+        operation_count: OperationCount { delete: deletions, download: rows.len() - deletions },
         operations,
         repository_generation: generation,
         total_download_size: total,
-    }))
+    });
+    Ok(served_by(res, by))
 }
 
 /// The externally visible base URL (docs/api.md §10.6): PUBLIC_URL, else the forwarding headers of a
@@ -469,7 +521,7 @@ fn route_prefix(req: &HttpRequest) -> &'static str {
 pub async fn export_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let (_, rows) = attachments::changes_after(&st.pool.get().await?, 0).await?;
+    let (_, rows) = attachments::changes_after(&st.pool.get().await?, 0, false).await?;
     let stream = attachment_store::zip_stream(st.storage.attachments.clone(), rows);
     Ok(HttpResponse::Ok()
         .content_type("application/zip")

@@ -51,7 +51,7 @@ pub async fn login(req: HttpRequest, JsonBody(body): JsonBody) -> ApiResult<Http
     let username = body.username.required("username")?;
     let password = body.password.required("password")?;
     let ip = client_ip(&req, &st.config.trusted_proxies);
-    st.login_limiter.try_attempt(ip, username).map_err(|wait| {
+    st.login_limiter.try_attempt(ip, username).await?.map_err(|wait| {
         crate::monitoring::rate_limited("login");
         ApiError::rate_limited(wait)
     })?;

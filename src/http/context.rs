@@ -22,6 +22,8 @@ pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 const SERVER_MAJOR: u64 = 1;
 
 pub static X_API_VERSION_USED: HeaderName = HeaderName::from_static("x-api-version-used");
+/// Which database answered a routed read (docs/api.md §18.3), for operators.
+pub static X_SERVED_BY: HeaderName = HeaderName::from_static("x-served-by");
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static X_SYNKRONUS_VERSION: HeaderName = HeaderName::from_static("x-synkronus-version");
 
@@ -163,4 +165,13 @@ fn client_version_gate(req: &ServiceRequest) -> Result<(), ApiError> {
 
 fn header_str<'a>(req: &'a ServiceRequest, name: &str) -> Option<&'a str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Marks a routed read's response with the database that answered it.
+pub fn served_by(
+    mut res: actix_web::HttpResponse,
+    by: crate::db::replicas::Target,
+) -> actix_web::HttpResponse {
+    res.headers_mut().insert(X_SERVED_BY.clone(), HeaderValue::from_static(by.as_str()));
+    res
 }

@@ -162,6 +162,7 @@ async fn stream(req: &HttpRequest, caller: &AuthUser, request: ExportRequest) ->
         let head = sql::current_head(&st.pool.get().await?).await?;
         let mut builder = HttpResponse::Ok();
         export_headers(&mut builder, request.format, head);
+        builder.insert_header((crate::http::context::X_SERVED_BY.clone(), "primary"));
         return Ok(builder.finish());
     }
     let format = request.format;
@@ -173,9 +174,11 @@ async fn stream(req: &HttpRequest, caller: &AuthUser, request: ExportRequest) ->
     );
     let pending = st.actors.export_jobs.start(request).await?;
     audit::append(&st.pool.get().await?, &entry).await?;
-    let head = pending.head.await.map_err(|_| ApiError::internal("export ended before its snapshot"))??;
+    let (head, by) =
+        pending.head.await.map_err(|_| ApiError::internal("export ended before its snapshot"))??;
     let mut builder = HttpResponse::Ok();
     export_headers(&mut builder, format, head);
+    builder.insert_header((crate::http::context::X_SERVED_BY.clone(), by.as_str()));
     Ok(builder.streaming(pending.body))
 }
 
@@ -303,14 +306,18 @@ pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
 pub async fn observation_stats(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let stats = crate::db::stats::observation_stats(&st.pool.get().await?).await?;
+    let served = st
+        .reads
+        .read(None, |_| 0, |db| Box::pin(async move { crate::db::stats::observation_stats(&db).await }))
+        .await?;
+    let stats = served.value;
     let week = stats.bucket_unit == "week";
     let step = if week { chrono::Duration::days(7) } else { chrono::Duration::days(1) };
     let range_start = stats.buckets.first().map(|b| time::format(b.0));
     // The end of the last bucket (exclusive), so the range covers every bucket whole.
     let range_end = stats.buckets.last().map(|b| time::format(b.0 + step));
     let label = |ft: &str| if ft.is_empty() { "(no form type)".to_owned() } else { ft.to_owned() };
-    Ok(HttpResponse::Ok().json(ObservationStats {
+    let res = HttpResponse::Ok().json(ObservationStats {
         by_form_type: stats
             .by_form_type
             .iter()
@@ -332,7 +339,8 @@ pub async fn observation_stats(req: HttpRequest, Auth(caller): Auth) -> ApiResul
             range_start,
         },
         total_count: stats.total,
-    }))
+    });
+    Ok(crate::http::context::served_by(res, served.by))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

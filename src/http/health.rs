@@ -8,8 +8,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::http::context::SERVER_VERSION;
 use crate::http::extract::{state, Auth};
 use crate::http::wire::info::{
-    ApiVersionStatus, ApiVersions, BuildInfo, DatabaseInfo, Health, Ready, ServerInfo, ServiceDescriptor,
-    Status, SystemInfo, Version,
+    ApiVersionStatus, ApiVersions, BuildInfo, DatabaseInfo, Health, Ready, ReplicaHealth, ServerInfo,
+    ServiceDescriptor, Status, SystemInfo, Version,
 };
 use crate::state::AppState;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -48,6 +48,20 @@ async fn storage_answers(st: &AppState) -> &'static str {
     }
 }
 
+fn replica_health(st: &AppState) -> Vec<ReplicaHealth> {
+    st.reads
+        .reports()
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| ReplicaHealth {
+            name: format!("replica-{}", i + 1),
+            state: r.state.as_str(),
+            lag_seconds: r.lag_seconds,
+            replay_lsn: r.replay_lsn,
+        })
+        .collect()
+}
+
 /// Liveness and database check
 ///
 /// Public.
@@ -59,15 +73,18 @@ pub async fn health(req: HttpRequest) -> ApiResult<HttpResponse> {
     if database {
         Ok(HttpResponse::Ok().json(Health {
             database: "up",
+            node: st.config.node_id.clone(),
             status: "OK",
             storage,
             timestamp: now,
             version: SERVER_VERSION,
+            replicas: replica_health(st),
         }))
     } else {
         Err(ApiError::unavailable("health check: database did not answer within 2 s")
             .with_extra("database", "down")
             .with_extra("storage", storage)
+            .with_extra("node", st.config.node_id.clone())
             .with_extra("timestamp", now)
             .with_extra("version", SERVER_VERSION))
     }

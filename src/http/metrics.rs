@@ -58,8 +58,9 @@ pub async fn metrics(req: HttpRequest) -> ApiResult<HttpResponse> {
 
 /// The METRICS_PORT listener's handler: no authentication.
 pub async fn exposition(req: HttpRequest) -> ApiResult<HttpResponse> {
-    sample(state(&req)?).await;
-    let text = crate::monitoring::render();
+    let st = state(&req)?;
+    sample(st).await;
+    let text = crate::monitoring::render(&st.config.node_id);
     Ok(HttpResponse::Ok().insert_header((header::CONTENT_TYPE, "text/plain; version=0.0.4")).body(text))
 }
 

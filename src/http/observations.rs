@@ -10,6 +10,7 @@ use crate::domain::role::Role;
 use crate::domain::sync::clamp_limit;
 use crate::domain::sync::encode::synkronus_record;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::context::served_by;
 use crate::http::extract::{path_param, state, Auth};
 use crate::http::sync::query_pairs;
 use crate::http::wire::observations::{History, ObservationPage};
@@ -95,9 +96,24 @@ pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespons
         None => Owner::All,
         Some(u) => Owner::User(u),
     };
-    let db = st.pool.get().await?;
-    let (head, mut found) =
-        records::list_observations(&db, owner, &cursor.t, cursor.d, cursor.a, limit).await?;
+    let (types, deleted, after) = (&cursor.t, cursor.d, cursor.a);
+    let served = st
+        .reads
+        .read(
+            Some(after),
+            |(head, _): &(i64, _)| *head,
+            |db| {
+                let owner = match &owner {
+                    Owner::All => Owner::All,
+                    Owner::User(u) => Owner::User(u),
+                };
+                Box::pin(
+                    async move { records::list_observations(&db, owner, types, deleted, after, limit).await },
+                )
+            },
+        )
+        .await?;
+    let (head, mut found) = served.value;
     let has_more = found.len() as i64 > limit;
     found.truncate(limit as usize);
     let cutoff = found.last().map(|r| r.record.change_id).unwrap_or(head);
@@ -110,12 +126,13 @@ pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespons
             m
         })
         .collect();
-    Ok(HttpResponse::Ok().json(ObservationPage {
+    let res = HttpResponse::Ok().json(ObservationPage {
         change_cutoff: cutoff,
         has_more,
         next_page_token: page_token::encode(TokenKind::Observations, &next),
         observations,
-    }))
+    });
+    Ok(served_by(res, served.by))
 }
 
 /// One record
@@ -163,11 +180,27 @@ pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
                 .b,
         ),
     };
-    let db = st.pool.get().await?;
-    if !records::record_exists(&db, &id).await? {
+    // A replica that does not know the record yet (it may have been pushed a moment ago) counts
+    // as behind: the primary decides whether it exists.
+    let served = st
+        .reads
+        .read(
+            Some(0),
+            |found: &Option<_>| if found.is_some() { 0 } else { -1 },
+            |db| {
+                let id = &id;
+                Box::pin(async move {
+                    if !records::record_exists(&db, id).await? {
+                        return Ok(None);
+                    }
+                    Ok(Some(records::history(&db, id, before, limit).await?))
+                })
+            },
+        )
+        .await?;
+    let Some(mut revisions) = served.value else {
         return Err(ApiError::not_found(format!("Observation '{id}' not found")));
-    }
-    let mut revisions = records::history(&db, &id, before, limit).await?;
+    };
     let has_more = revisions.len() as i64 > limit;
     revisions.truncate(limit as usize);
     let items: Vec<Map<String, Value>> = revisions
@@ -190,7 +223,9 @@ pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
         .last()
         .filter(|_| has_more)
         .map(|last| page_token::encode(TokenKind::History, &HistoryCursor { b: last.record.change_id }));
-    Ok(HttpResponse::Ok().json(History { has_more, next_page_token, observation_id: id, revisions: items }))
+    let res =
+        HttpResponse::Ok().json(History { has_more, next_page_token, observation_id: id, revisions: items });
+    Ok(served_by(res, served.by))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

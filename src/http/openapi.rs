@@ -97,6 +97,7 @@ use crate::http::{sync, users};
         wire::Binary,
         info::ServiceDescriptor,
         info::Health,
+        info::ReplicaHealth,
         info::Ready,
         info::Version,
         info::BuildInfo,

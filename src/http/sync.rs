@@ -8,12 +8,13 @@ use serde_json::Value;
 use crate::actors::change_log::{reset_required, Push};
 use crate::config::RecordValidation;
 use crate::db::records;
+use crate::db::replicas::Target;
 use crate::domain::api_version::ApiVersion;
 use crate::domain::role::Role;
 use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push, PullQuery};
-use crate::domain::sync::{encode, Dialect, PullPage, PullRequest, PushRequest, Warning};
+use crate::domain::sync::{encode, Dialect, PullPage, PullRequest, PushRequest, StoredRecord, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
-use crate::http::context::X_API_VERSION_USED;
+use crate::http::context::{served_by, X_API_VERSION_USED};
 use crate::http::extract::{api_version, state, Auth, JsonBody};
 use crate::state::AppState;
 
@@ -151,22 +152,43 @@ async fn check_schemas(st: &AppState, request: &mut PushRequest) -> ApiResult<()
     Ok(())
 }
 
-/// Reads one page; a client holding another repository generation gets 409 instead.
-async fn pull_page(st: &AppState, pull: &PullRequest, client_generation: Option<i64>) -> ApiResult<PullPage> {
-    let db = st.pool.get().await?;
-    let (head, mut found) = records::pull_page(&db, pull.after, &pull.types, pull.limit).await?;
+/// Reads one page, from a replica when one has reached the client's cursor (docs/api.md §18.3);
+/// a client holding another repository generation gets 409 instead.
+async fn pull_page(
+    st: &AppState,
+    pull: &PullRequest,
+    client_generation: Option<i64>,
+) -> ApiResult<(PullPage, Target)> {
+    let (after, types, limit) = (pull.after, &pull.types, pull.limit);
+    // A replica still showing an older generation than the client's is behind, not a reason to
+    // tell the client to reset.
+    let position = |(head, _): &(records::Head, Vec<StoredRecord>)| {
+        if client_generation.is_some_and(|g| g > head.repository_generation) {
+            -1
+        } else {
+            head.change_id
+        }
+    };
+    let served = st
+        .reads
+        .read(Some(after), position, move |db| {
+            Box::pin(async move { records::pull_page(&db, after, types, limit).await })
+        })
+        .await?;
+    let (head, mut found) = served.value;
     if client_generation.is_some_and(|g| g != head.repository_generation) {
         return Err(reset_required(head.repository_generation));
     }
     let has_more = found.len() as i64 > pull.limit;
     found.truncate(pull.limit as usize);
-    Ok(PullPage {
+    let page = PullPage {
         records: found,
         head: head.change_id,
         repository_generation: head.repository_generation,
         has_more,
         types: pull.types.clone(),
-    })
+    };
+    Ok((page, served.by))
 }
 
 fn pull_response(
@@ -174,12 +196,12 @@ fn pull_response(
     st: &AppState,
     username: &str,
     pull: &PullRequest,
-    page: &PullPage,
+    (page, by): &(PullPage, Target),
 ) -> ApiResult<HttpResponse> {
     report_sync(req, st, username, &pull.client_id, Some(pull.after));
     crate::monitoring::records_pulled(pull.dialect, page.records.len());
     let body = encode::pull_response(pull.dialect, page).map_err(ApiError::internal)?;
-    Ok(dialect_response(pull.dialect, body, page.repository_generation))
+    Ok(served_by(dialect_response(pull.dialect, body, page.repository_generation), *by))
 }
 
 /// Pull a page of changes (dialect from the body)

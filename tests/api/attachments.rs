@@ -789,6 +789,21 @@ async fn export_zip_holds_every_attachment() {
 #[actix_web::test]
 async fn an_upload_racing_a_repository_reset_keeps_its_file() {
     let app = TestApp::spawn().await;
+    upload_racing_reset(&app, &app).await;
+}
+
+/// The same with the reset on one node and the upload on another sharing the database and the
+/// attachment folder (docs/api.md §18.2): the order comes from the database, not from one process.
+#[actix_web::test]
+async fn an_upload_on_another_node_racing_a_repository_reset_keeps_its_file() {
+    let a = TestApp::spawn_with(&[("NODE_ID", "node-a")]).await;
+    let data_root = a.data_root.path().display().to_string();
+    let b = TestApp::spawn_on(a.db_conn.clone(), &[("NODE_ID", "node-b"), ("DATA_ROOT", &data_root)]).await;
+    upload_racing_reset(&a, &b).await;
+}
+
+/// Resets through `app`, uploads through `uploader` (which shares its database and folder).
+async fn upload_racing_reset(app: &TestApp, uploader: &TestApp) {
     let admin = app.admin_token().await;
     let (db, connection) = tokio_postgres::connect(&app.db_conn, tokio_postgres::NoTls)
         .await
@@ -815,7 +830,7 @@ async fn an_upload_racing_a_repository_reset_keeps_its_file() {
     let bytes = random_bytes(10_000);
     let upload = {
         let (client, url, token, body) =
-            (app.client.clone(), app.url("/attachments/during-reset.bin"), admin.clone(), bytes.clone());
+            (app.client.clone(), uploader.url("/attachments/during-reset.bin"), admin.clone(), bytes.clone());
         actix_web::rt::spawn(async move {
             let res = client.put(url).bearer_auth(token).body(body).send().await.expect("upload");
             let status = res.status();
@@ -835,14 +850,16 @@ async fn an_upload_racing_a_repository_reset_keeps_its_file() {
     assert_eq!(reset.await.expect("reset task"), StatusCode::OK);
     let (status, body) = upload.await.expect("upload task");
     assert_eq!(status, StatusCode::OK, "{body}");
-    let ids: Vec<Value> = manifest(&app, &admin, "").await["operations"]
+    let ids: Vec<Value> = manifest(app, &admin, "").await["operations"]
         .as_array()
         .expect("ops")
         .iter()
         .map(|o| o["attachment_id"].clone())
         .collect();
     assert_eq!(ids, vec![json!("during-reset.bin")], "the upload committed after the reset");
-    let (status, _, stored) = app.get_bytes(&admin, "/attachments/during-reset.bin").await;
-    assert_eq!(status, StatusCode::OK, "a listed attachment has its file");
-    assert!(stored == bytes, "the stored file is the uploaded one");
+    for node in [app, uploader] {
+        let (status, _, stored) = node.get_bytes(&admin, "/attachments/during-reset.bin").await;
+        assert_eq!(status, StatusCode::OK, "a listed attachment has its file");
+        assert!(stored == bytes, "the stored file is the uploaded one");
+    }
 }

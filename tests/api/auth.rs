@@ -185,6 +185,37 @@ async fn login_is_rate_limited_per_ip_and_username() {
 }
 
 #[actix_web::test]
+async fn the_login_limit_holds_across_servers_sharing_a_database() {
+    let a = TestApp::spawn_with(&[("RATE_LIMIT_LOGIN_PER_MIN", "3"), ("NODE_ID", "node-a")]).await;
+    let b = TestApp::spawn_on(a.db_conn.clone(), &[("RATE_LIMIT_LOGIN_PER_MIN", "3"), ("NODE_ID", "node-b")])
+        .await;
+    let body = json!({"username": "admin", "password": "wrong-password"});
+    // Three attempts spread over both nodes fill the one window.
+    for app in [&a, &b, &a] {
+        let res = app.client.post(app.url("/auth/login")).json(&body).send().await.expect("login");
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    for app in [&b, &a] {
+        let res = app.client.post(app.url("/auth/login")).json(&body).send().await.expect("login");
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "on {}", app.state.config.node_id);
+        assert!(res.headers().contains_key("retry-after"));
+    }
+    // Concurrent attempts on both nodes for a fresh username: exactly three are counted.
+    let body = json!({"username": "someone", "password": "wrong-password"});
+    let attempts = (0..10).map(|i| {
+        let app = if i % 2 == 0 { &a } else { &b };
+        app.client.post(app.url("/auth/login")).json(&body).send()
+    });
+    let statuses: Vec<StatusCode> = futures_util::future::join_all(attempts)
+        .await
+        .into_iter()
+        .map(|r| r.expect("login").status())
+        .collect();
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::UNAUTHORIZED).count(), 3, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count(), 7, "{statuses:?}");
+}
+
+#[actix_web::test]
 async fn forwarded_for_is_ignored_from_untrusted_peers() {
     let app = TestApp::spawn_with(&[("RATE_LIMIT_LOGIN_PER_MIN", "1")]).await;
     let body = json!({"username": "admin", "password": "wrong-password"});

@@ -20,7 +20,7 @@ use crate::helpers::{cluster, fresh_database, small_bundle, Api, ChildServer, Te
 const RECORDS_PER_PUSH: usize = 3;
 const PUSHERS: usize = 6;
 /// No request of a storm may hang: a server or database that died must show as a failed request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// What the crashed servers run with: retention would remove acknowledged bundle versions the
 /// test wants to see again.
 const SERVER_ENV: &[(&str, &str)] = &[("DB_POOL_SIZE", "8"), ("MAX_VERSIONS_KEPT", "1000")];
@@ -37,9 +37,9 @@ fn push_body(task: usize, n: usize) -> Value {
 }
 
 /// What happened to one push: the status, or None when no answer came (connection lost).
-type Outcome = Option<u16>;
+pub(crate) type Outcome = Option<u16>;
 /// (pusher, push number, outcome).
-type Push = (usize, usize, Outcome);
+pub(crate) type Push = (usize, usize, Outcome);
 
 async fn send_push(api: &Api, token: &str, task: usize, n: usize) -> Outcome {
     let res = api
@@ -60,16 +60,16 @@ async fn send_push(api: &Api, token: &str, task: usize, n: usize) -> Outcome {
     }
 }
 
-struct Storm {
+pub(crate) struct Storm {
     stop: Arc<AtomicBool>,
-    acked: Arc<AtomicUsize>,
+    pub(crate) acked: Arc<AtomicUsize>,
     pushers: Vec<tokio::task::JoinHandle<Vec<(usize, Outcome)>>>,
     puller: tokio::task::JoinHandle<(BTreeMap<String, i64>, i64)>,
 }
 
 /// Pushers with unique transmission ids and one puller. With `stop_on_lost`, a pusher stops at
 /// the first push that got no answer (the server is gone); otherwise it goes on until `stop`.
-fn start_storm(api: &Api, token: &str, stop_on_lost: bool) -> Storm {
+pub(crate) fn start_storm(api: &Api, token: &str, stop_on_lost: bool) -> Storm {
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicUsize::new(0));
     let mut pushers = Vec::new();
@@ -125,7 +125,7 @@ fn start_storm(api: &Api, token: &str, stop_on_lost: bool) -> Storm {
 }
 
 /// Adds a pull page to `seen`, checking the change_ids rise strictly; returns the next cursor.
-fn absorb_page(body: &Value, cursor: i64, seen: &mut BTreeMap<String, i64>) -> i64 {
+pub(crate) fn absorb_page(body: &Value, cursor: i64, seen: &mut BTreeMap<String, i64>) -> i64 {
     let mut last = cursor;
     for r in body["records"].as_array().expect("records") {
         let v = r["version"].as_i64().expect("version");
@@ -142,7 +142,7 @@ fn absorb_page(body: &Value, cursor: i64, seen: &mut BTreeMap<String, i64>) -> i
 }
 
 /// Stops the storm; returns every pusher's outcomes and what the puller had seen.
-async fn finish_storm(storm: Storm) -> (Vec<Push>, (BTreeMap<String, i64>, i64)) {
+pub(crate) async fn finish_storm(storm: Storm) -> (Vec<Push>, (BTreeMap<String, i64>, i64)) {
     storm.stop.store(true, Ordering::SeqCst);
     let mut outcomes = Vec::new();
     for (task, p) in storm.pushers.into_iter().enumerate() {
@@ -151,7 +151,7 @@ async fn finish_storm(storm: Storm) -> (Vec<Push>, (BTreeMap<String, i64>, i64))
     (outcomes, storm.puller.await.expect("puller"))
 }
 
-async fn wait_for_acks(acked: &AtomicUsize, at_least: usize) {
+pub(crate) async fn wait_for_acks(acked: &AtomicUsize, at_least: usize) {
     for _ in 0..600 {
         if acked.load(Ordering::SeqCst) >= at_least {
             return;
@@ -183,7 +183,7 @@ async fn pull_rest(api: &Api, token: &str, mut cursor: i64, seen: &mut BTreeMap<
 }
 
 /// Retries every unacknowledged push with its transmission id, then checks the whole log.
-async fn retry_and_verify(
+pub(crate) async fn retry_and_verify(
     api: &Api,
     token: &str,
     (mut pulled, cursor): (BTreeMap<String, i64>, i64),

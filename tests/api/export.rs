@@ -82,7 +82,7 @@ async fn insert(db: &tokio_postgres::Client, o: &Obs) -> i64 {
 }
 
 /// `n` records of form type `bulk` with `data = {n, half, label, pad}`, as changes head+1..head+n.
-async fn insert_bulk(db: &tokio_postgres::Client, n: i64, pad: usize) {
+pub(crate) async fn insert_bulk(db: &tokio_postgres::Client, n: i64, pad: usize) {
     db.batch_execute(&format!(
         "BEGIN;
          INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at,
@@ -587,6 +587,69 @@ async fn finished_job_files_expire_after_the_ttl() {
         app.call(Method::GET, &format!("/dataexport/jobs/{id}/download"), Some(&admin), None).await;
     assert_error(status, &body, 404, "NOT_FOUND");
     assert!(!file.exists(), "the expired file is removed");
+}
+
+#[actix_web::test]
+async fn a_job_started_on_one_node_is_polled_and_downloaded_on_another() {
+    let a = TestApp::spawn_with(&[("NODE_ID", "node-a")]).await;
+    let data_root = a.data_root.path().display().to_string();
+    let b = TestApp::spawn_on(a.db_conn.clone(), &[("NODE_ID", "node-b"), ("DATA_ROOT", &data_root)]).await;
+    let admin = a.admin_token().await;
+    let reader = a.user_token(&admin, "reader", "read-only").await;
+    let versions = household_fixture(&a).await;
+
+    let (status, body) =
+        a.call(Method::POST, "/dataexport/jobs?format=json&include_deleted=false", Some(&reader), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["job_id"].as_str().unwrap().to_string();
+    // The other node knows the job at once, whatever its state.
+    let (status, seen) = b.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(&reader), None).await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(seen["owner"], "reader");
+    let done = wait_for_job(&b, &reader, &id).await;
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["change_id"], versions[4]);
+    assert_eq!(done["rows_done"], done["rows_total"]);
+    let res = get(&b, &format!("/dataexport/jobs/{id}/download"), &reader).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(header(&res, "x-export-change-id"), versions[4].to_string());
+    let from_b = res.bytes().await.unwrap();
+    let from_a = get(&a, &format!("/dataexport/jobs/{id}/download"), &reader).await.bytes().await.unwrap();
+    assert_eq!(from_a, from_b);
+    assert!(!ndjson(std::str::from_utf8(&from_b).unwrap()).is_empty());
+    // Other users still get 404 on either node.
+    let other = a.user_token(&admin, "other", "read-write").await;
+    for app in [&a, &b] {
+        let (status, body) =
+            app.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(&other), None).await;
+        assert_error(status, &body, 404, "NOT_FOUND");
+    }
+}
+
+#[actix_web::test]
+async fn a_job_whose_node_died_becomes_failed_with_a_message() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    // What a node killed mid-export leaves: its job running, its lease run out (it renews no more).
+    db(&app)
+        .await
+        .batch_execute(
+            "INSERT INTO export_jobs (id, owner, format, filters, state, rows_done, node, lease_expires_at,
+                                      file_name, created_at, started_at)
+             VALUES ('ghost', 'admin', 'csv', '{}', 'running', 5, 'dead-node:8080', now() - interval '1 second',
+                     'ghost.zip', now() - interval '1 minute', now() - interval '1 minute')",
+        )
+        .await
+        .expect("insert an abandoned job");
+    let started = Instant::now();
+    let failed = wait_for_job(&app, &admin, "ghost").await;
+    assert!(started.elapsed() < Duration::from_secs(60), "failed within 60 s");
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let error = failed["error"].as_str().expect("a message");
+    assert!(error.contains("dead-node:8080") && error.contains("again"), "{error}");
+    assert!(failed["finished_at"].is_string() && failed["expires_at"].is_string(), "{failed}");
+    let (status, body) = app.call(Method::GET, "/dataexport/jobs/ghost/download", Some(&admin), None).await;
+    assert_error(status, &body, 404, "NOT_FOUND");
 }
 
 #[actix_web::test]

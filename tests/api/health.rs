@@ -39,7 +39,8 @@ async fn descriptor_health_ready_versions() {
     for prefix in ["", "/api", "/api/v1"] {
         let (status, body) = app.call(Method::GET, &format!("{prefix}/health"), None, None).await;
         assert_eq!(status, StatusCode::OK);
-        assert_eq!(keys(&body), ["database", "status", "storage", "timestamp", "version"]);
+        assert_eq!(keys(&body), ["database", "node", "status", "storage", "timestamp", "version"]);
+        assert_eq!(body["node"], app.state.config.node_id.as_str());
         assert_eq!(body["status"], "OK");
         assert_eq!(body["database"], "up");
         assert_eq!(body["storage"], "up");
@@ -220,6 +221,7 @@ async fn health_is_503_while_the_database_is_unreachable_and_recovers_by_itself(
     let body: Value = res.json().await.expect("json");
     assert_error(StatusCode::SERVICE_UNAVAILABLE, &body, 503, "SERVICE_UNAVAILABLE");
     assert_eq!(body["database"], "down");
+    assert_eq!(body["node"], app.state.config.node_id.as_str());
     assert_eq!(body["version"], VERSION);
     assert_utc_timestamp(&body["timestamp"]);
     // No internals in the message.

@@ -43,7 +43,7 @@ fn push_body(tid: &str, ids: &[&str]) -> Value {
 
 #[actix_web::test]
 async fn metrics_need_admin_and_move_with_requests() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(&[("NODE_ID", "metrics-node-1")]).await;
     let admin = app.admin_token().await;
     let reader = app.user_token(&admin, "reader", "read-only").await;
 
@@ -94,6 +94,15 @@ async fn metrics_need_admin_and_move_with_requests() {
         assert!(has_series(&after, name), "{name} missing:\n{after}");
     }
     assert!(sample(&after, "synkronus_changelog_head", &[]) >= 1.0);
+    // Every series names the node that answered the scrape (docs/api.md §18.2).
+    let unlabelled: Vec<&str> = after
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.contains("{node=\"metrics-node-1\","))
+        .filter(|l| !l.contains("{node=\"metrics-node-1\"} "))
+        .collect();
+    assert!(unlabelled.is_empty(), "series without the node label: {unlabelled:?}");
+    let (_, health) = app.call(Method::GET, "/health", None, None).await;
+    assert_eq!(health["node"], "metrics-node-1");
 
     // The active bundle is read at scrape time. Other tests' servers share the recorder and may
     // scrape in between, so a few scrapes are allowed for ours to show.

@@ -85,6 +85,15 @@ pub enum JobState {
 }
 
 impl JobState {
+    pub fn parse(raw: &str) -> Option<Self> {
+        [Self::Queued, Self::Running, Self::Done, Self::Failed].into_iter().find(|s| s.as_str() == raw)
+    }
+
+    /// Done or failed: nothing about the job changes any more.
+    pub fn is_finished(self) -> bool {
+        matches!(self, Self::Done | Self::Failed)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Queued => "queued",

@@ -63,9 +63,13 @@ pub struct Manifest {
 pub struct ManifestOperation {
     pub attachment_id: String,
     pub change_id: i64,
-    pub content_type: String,
+    /// Absent for a `delete` (an attachment deleted on the Go server before an import, §19.2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// `upload`, or `delete`.
     pub operation: &'static str,
-    pub size: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<i64>,
 }
 
 impl From<&AttachmentRow> for ManifestOperation {
@@ -73,9 +77,9 @@ impl From<&AttachmentRow> for ManifestOperation {
         ManifestOperation {
             attachment_id: r.id.clone(),
             change_id: r.change_id,
-            content_type: r.content_type.clone(),
-            operation: "upload",
-            size: r.size,
+            content_type: (!r.deleted).then(|| r.content_type.clone()),
+            operation: if r.deleted { "delete" } else { "upload" },
+            size: (!r.deleted).then_some(r.size),
         }
     }
 }
@@ -114,13 +118,18 @@ pub struct OperationCount {
     pub download: usize,
 }
 
+/// A `download`, or a `delete` (an attachment deleted on the Go server before an import,
+/// docs/api.md §19.2), which carries no URL, size or type, as the Go server sends it.
 #[derive(Serialize, ToSchema)]
 pub struct DownloadOperation {
     pub attachment_id: String,
-    pub content_type: String,
-    pub download_url: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub download_url: Option<String>,
     pub operation: &'static str,
-    pub size: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<i64>,
     pub version: i64,
 }
 
@@ -140,6 +149,7 @@ mod tests {
             client_id: None,
             created_at: chrono::Utc::now(),
             change_id: 3,
+            deleted: false,
         };
         assert_map_order(&UploadAnswer::new(&AttachmentCommit { row: row.clone(), created: true }, 1));
         assert_map_order(&Manifest {
@@ -152,10 +162,10 @@ mod tests {
             operation_count: OperationCount { delete: 0, download: 1 },
             operations: vec![DownloadOperation {
                 attachment_id: String::new(),
-                content_type: String::new(),
-                download_url: String::new(),
+                content_type: Some(String::new()),
+                download_url: Some(String::new()),
                 operation: "download",
-                size: 1,
+                size: Some(1),
                 version: 1,
             }],
             repository_generation: 1,

@@ -39,15 +39,12 @@ pub struct BundleWarning {
 }
 
 impl From<KeptFormSpec> for BundleWarning {
-    fn from(KeptFormSpec { form_type, version }: KeptFormSpec) -> Self {
+    fn from(kept: KeptFormSpec) -> Self {
         BundleWarning {
             code: "FORMSPEC_CONFLICT",
-            message: format!(
-                "Form spec {form_type} version {version} already exists with different content; \
-                 the existing spec was kept"
-            ),
-            form: form_type,
-            version,
+            message: kept.message(),
+            form: kept.form_type,
+            version: kept.version,
         }
     }
 }

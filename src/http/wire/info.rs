@@ -17,12 +17,32 @@ pub struct ServiceDescriptor {
 #[derive(Serialize, ToSchema)]
 pub struct Health {
     pub database: &'static str,
+    /// `NODE_ID`: which node answered (docs/api.md §18.2).
+    pub node: String,
+    /// Each read replica of `DB_READ_REPLICAS`, in that order (docs/api.md §18.3); absent when
+    /// none is configured.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaHealth>,
     pub status: &'static str,
     /// `up` or `down`: whether the file storage answers (docs/api.md §18.1); never makes /health fail.
     pub storage: &'static str,
     #[schema(format = DateTime)]
     pub timestamp: String,
     pub version: &'static str,
+}
+
+/// One read replica as the background checker last saw it. Named by position, not by host:
+/// `/health` is public.
+#[derive(Serialize, ToSchema)]
+pub struct ReplicaHealth {
+    /// Replay lag in seconds (0 when everything received is replayed); null when unknown.
+    pub lag_seconds: Option<f64>,
+    /// `replica-1`, `replica-2`, ... in `DB_READ_REPLICAS` order.
+    pub name: String,
+    /// `pg_last_wal_replay_lsn()` at the last check.
+    pub replay_lsn: Option<String>,
+    /// `healthy` (in rotation), `lagging`, `unreachable` or `starting` (not checked yet).
+    pub state: &'static str,
 }
 
 /// `GET /ready` once start-up is done and the database answers.
@@ -111,8 +131,21 @@ mod tests {
             service: "",
             version: "",
         });
+        assert_map_order(&ReplicaHealth {
+            lag_seconds: None,
+            name: String::new(),
+            replay_lsn: None,
+            state: "",
+        });
         assert_map_order(&Health {
             database: "",
+            node: String::new(),
+            replicas: vec![ReplicaHealth {
+                lag_seconds: None,
+                name: String::new(),
+                replay_lsn: None,
+                state: "",
+            }],
             status: "",
             storage: "",
             timestamp: String::new(),

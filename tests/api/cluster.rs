@@ -1,0 +1,350 @@
+//! Several nodes behind a real load balancer (docs/api.md §18.2): three `synkronus serve`
+//! processes on one database and one data root, and nginx in front of them, round robin, without
+//! stickiness. Through nginx the cluster must behave as one server: no skipped or repeated change
+//! for cursor-following pullers while devices push, attachments and export jobs readable on
+//! another node than the one that wrote them, a bundle switch served everywhere within 1 s, a
+//! node killed with SIGKILL in a push storm losing no acknowledged push, and the export job of a
+//! node killed with SIGKILL failed by another node within a minute.
+//!
+//! nginx comes from `make test-deps` (the Debian package); the test fails, saying so, without it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::crash::{
+    absorb_page, finish_storm, retry_and_verify, start_storm, wait_for_acks, REQUEST_TIMEOUT,
+};
+use crate::helpers::{cluster, free_port, fresh_database, small_bundle, Api, ChildServer};
+
+const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+/// The nginx binary, or a failure that says how to get it.
+fn nginx_binary() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("nginx"));
+    on_path.chain([PathBuf::from("/usr/sbin/nginx")]).find(|p| p.is_file()).unwrap_or_else(|| {
+        panic!("nginx is not installed: the cluster test needs it as its load balancer; `make test-deps` installs it")
+    })
+}
+
+/// nginx in the foreground with a configuration of its own, stopped when dropped.
+struct Nginx {
+    child: Child,
+    api: Api,
+    log: PathBuf,
+}
+
+impl Nginx {
+    /// Round robin over `upstreams`, no stickiness, bodies streamed both ways (no buffering).
+    fn config(prefix: &Path, port: u16, upstreams: &[u16]) -> String {
+        let p = prefix.display();
+        let servers: String = upstreams.iter().map(|u| format!("    server 127.0.0.1:{u};\n")).collect();
+        format!(
+            "daemon off;\nmaster_process on;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n  access_log off;\n  client_max_body_size 0;\n\
+             client_body_temp_path {p}/client_body;\n  proxy_temp_path {p}/proxy;\n\
+             fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
+             upstream synkronus {{\n{servers}  }}\n\
+             server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
+             proxy_pass http://synkronus;\n      proxy_http_version 1.1;\n\
+             proxy_set_header Connection \"\";\n      proxy_set_header Host $http_host;\n\
+             proxy_request_buffering off;\n      proxy_buffering off;\n      proxy_read_timeout 60s;\n\
+             }}\n  }}\n}}\n"
+        )
+    }
+
+    async fn start(prefix: &Path, upstreams: &[u16]) -> Nginx {
+        let binary = nginx_binary();
+        let port = free_port();
+        let conf = prefix.join("nginx.conf");
+        std::fs::write(&conf, Self::config(prefix, port, upstreams)).expect("nginx.conf");
+        let log = prefix.join("error.log");
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&conf)
+            .arg("-p")
+            .arg(prefix)
+            .arg("-e")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nginx");
+        let client = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build().expect("client");
+        let mut nginx = Nginx { child, api: Api::new(format!("http://127.0.0.1:{port}"), client), log };
+        for _ in 0..100 {
+            if let Ok(Some(status)) = nginx.child.try_wait() {
+                panic!(
+                    "nginx exited ({status}): {}",
+                    std::fs::read_to_string(&nginx.log).unwrap_or_default()
+                );
+            }
+            if let Ok(res) = nginx.api.client.get(nginx.api.url("/health")).send().await {
+                if res.status() == StatusCode::OK {
+                    return nginx;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("nginx did not answer in 10 s: {}", std::fs::read_to_string(&nginx.log).unwrap_or_default());
+    }
+}
+
+impl Drop for Nginx {
+    /// SIGQUIT lets the master stop its workers (a SIGKILL would orphan them), then the master is
+    /// waited for; SIGKILL only if it does not go.
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGQUIT);
+        for _ in 0..50 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Which nodes answer `/health` through nginx, over `n` requests.
+async fn nodes_answering(api: &Api, n: usize) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for _ in 0..n {
+        let (status, body) = api.call(Method::GET, "/health", None, None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        seen.insert(body["node"].as_str().expect("node").to_string());
+    }
+    seen
+}
+
+async fn manifest_version(api: &Api, token: &str) -> Option<String> {
+    let (status, body) = api.call(Method::GET, "/app-bundle/manifest", Some(token), None).await;
+    (status == StatusCode::OK).then(|| body["version"].as_str().unwrap_or_default().to_string())
+}
+
+/// An attachment written through `a` is read whole through `b` and through nginx.
+async fn attachment_written_on_one_node_is_read_on_another(a: &Api, b: &Api, lb: &Api, token: &str) {
+    let bytes: Vec<u8> = (0..700_000usize).map(|i| (i * 13 % 251) as u8).collect();
+    let (status, body) = a.put_bytes(token, "/attachments/cluster-photo.jpg", &bytes, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for api in [b, lb] {
+        let (status, headers, got) = api.get_bytes(token, "/attachments/cluster-photo.jpg").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers.contains_key("etag"));
+        assert!(got == bytes, "the attachment read on another node differs");
+    }
+}
+
+/// A bundle activated through `a` is what `others` serve within 1 s.
+async fn bundle_switch_reaches_every_node_within_a_second(a: &Api, others: &[&Api], token: &str) {
+    let pushed = a.push_bundle(token, small_bundle("3.1.0", "cluster"), true).await;
+    let switched = Instant::now();
+    let version = pushed["version"].as_str().expect("version").to_string();
+    for api in others {
+        loop {
+            if manifest_version(api, token).await.as_deref() == Some(version.as_str()) {
+                break;
+            }
+            assert!(switched.elapsed() < Duration::from_secs(1), "{} still serves the old bundle", api.base);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let elapsed = switched.elapsed();
+    assert!(elapsed <= Duration::from_secs(1), "switch took {elapsed:?}");
+}
+
+/// More cursor-following pullers through nginx, each on its own cursor; returns what each saw.
+fn extra_pullers(
+    api: &Api,
+    token: &str,
+    stop: Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<BTreeMap<String, i64>>> {
+    (0..2)
+        .map(|i| {
+            let (api, token, stop) = (api.clone(), token.to_string(), stop.clone());
+            tokio::spawn(async move {
+                let (mut seen, mut cursor) = (BTreeMap::new(), 0i64);
+                while !stop.load(Ordering::SeqCst) {
+                    let body =
+                        json!({"client_id": format!("cluster-puller-{i}"), "since": {"version": cursor}});
+                    let res = api
+                        .client
+                        .post(api.url("/sync/pull?limit=11"))
+                        .bearer_auth(&token)
+                        .timeout(REQUEST_TIMEOUT)
+                        .json(&body)
+                        .send()
+                        .await;
+                    match res {
+                        Ok(r) if r.status() == StatusCode::OK => {
+                            let page: Value = r.json().await.expect("pull page");
+                            cursor = absorb_page(&page, cursor, &mut seen);
+                        }
+                        // The node that nginx picked was just killed: a device tries again.
+                        _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                }
+                seen
+            })
+        })
+        .collect()
+}
+
+/// An export job started through `a`, polled through nginx, downloaded through `b`.
+async fn export_job_started_on_one_node_is_downloaded_on_another(
+    a: &Api,
+    b: &Api,
+    lb: &Api,
+    token: &str,
+    records: usize,
+) {
+    let (status, job) = a.call(Method::POST, "/dataexport/jobs?format=json", Some(token), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{job}");
+    let id = job["job_id"].as_str().expect("job id").to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, job) = lb.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(token), None).await;
+        assert_eq!(status, StatusCode::OK, "{job}");
+        if job["state"] == "done" {
+            break;
+        }
+        assert!(job["state"] != "failed" && Instant::now() < deadline, "{job}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, headers, body) = b.get_bytes(token, &format!("/dataexport/jobs/{id}/download")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.contains_key("x-export-change-id"));
+    let lines = std::str::from_utf8(&body).expect("NDJSON").lines().filter(|l| !l.is_empty()).count();
+    assert_eq!(lines, records, "one line per pushed record");
+}
+
+/// An export job queued on `node`, named `name` (its only export slot held by a streamed export nobody reads)
+/// when the node is killed with SIGKILL: another node marks it failed within 60 s.
+async fn a_job_whose_node_is_killed_becomes_failed(
+    node: &mut ChildServer,
+    name: &str,
+    lb: &Api,
+    token: &str,
+) {
+    let (db, connection) =
+        tokio_postgres::connect(&node.db_conn, tokio_postgres::NoTls).await.expect("connect to the database");
+    tokio::spawn(connection);
+    // Far more NDJSON than the body channel and the socket buffers hold.
+    crate::export::insert_bulk(&db, 20_000, 600).await;
+    let held = node
+        .client
+        .get(node.url("/data/export?format=json"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("streamed export");
+    assert_eq!(held.status(), StatusCode::OK);
+    let (status, job) = node.call(Method::POST, "/dataexport/jobs?format=csv", Some(token), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{job}");
+    let id = job["job_id"].as_str().expect("job id").to_string();
+    let (_, job) = node.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(token), None).await;
+    assert_eq!(job["state"], "queued", "{job}");
+    node.kill().await;
+    drop(held);
+    let killed = Instant::now();
+    loop {
+        let (status, job) = lb.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(token), None).await;
+        assert_eq!(status, StatusCode::OK, "{job}");
+        if job["state"] == "failed" {
+            let error = job["error"].as_str().unwrap_or_default();
+            assert!(error.contains(name), "the message names the dead node: {error}");
+            break;
+        }
+        assert_eq!(job["state"], "queued", "{job}");
+        assert!(killed.elapsed() < Duration::from_secs(60), "still {job} a minute after its node died");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[actix_web::test]
+async fn three_nodes_behind_nginx_behave_as_one_server() {
+    let db = fresh_database().await;
+    let db_conn = cluster().connection_string(&db);
+    let scratch = tempfile::tempdir().expect("scratch");
+    // nginx's workers run as another user when the test runs as root.
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod scratch");
+    let data_root = scratch.path().join("data");
+    std::fs::create_dir_all(&data_root).expect("data root");
+    let mut nodes = Vec::new();
+    for name in NODES {
+        let log = scratch.path().join(format!("{name}.log"));
+        // node-b has one export slot, for the job that its death must fail.
+        let slots = if name == "node-b" { "1" } else { "2" };
+        let env = [("NODE_ID", name), ("DB_POOL_SIZE", "8"), ("EXPORT_MAX_CONCURRENT", slots)];
+        nodes.push(ChildServer::start(&db_conn, &data_root, log, &env).await);
+    }
+    let ports: Vec<u16> = nodes
+        .iter()
+        .map(|n| n.api.base.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port"))
+        .collect();
+    let nginx_dir = scratch.path().join("nginx");
+    std::fs::create_dir_all(&nginx_dir).expect("nginx dir");
+    let nginx = Nginx::start(&nginx_dir, &ports).await;
+    let lb = nginx.api.clone();
+
+    // Round robin without stickiness: every node answers, and says which it is.
+    let answering = nodes_answering(&lb, 6).await;
+    assert_eq!(answering, NODES.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>());
+    let token = lb.admin_token().await;
+
+    attachment_written_on_one_node_is_read_on_another(&nodes[0], &nodes[1], &lb, &token).await;
+    bundle_switch_reaches_every_node_within_a_second(&nodes[0], &[&nodes[1], &nodes[2]], &token).await;
+
+    // A push storm and cursor-following pullers through nginx; node C dies with SIGKILL mid-storm.
+    let storm = start_storm(&lb, &token, false);
+    let stop_pullers = Arc::new(AtomicBool::new(false));
+    let pullers = extra_pullers(&lb, &token, stop_pullers.clone());
+    wait_for_acks(&storm.acked, 40).await;
+    let before_kill = storm.acked.load(Ordering::SeqCst);
+    nodes[2].kill().await;
+    wait_for_acks(&storm.acked, before_kill + 60).await;
+    let (outcomes, pulled) = finish_storm(storm).await;
+    stop_pullers.store(true, Ordering::SeqCst);
+    // nginx answers 502 for a push whose node died under it: to the device, that is what a 503
+    // is to a lone server (retry with the same transmission id), and nothing else may appear.
+    let outcomes: Vec<_> =
+        outcomes.into_iter().map(|(t, n, o)| (t, n, if o == Some(502) { Some(503) } else { o })).collect();
+    assert!(outcomes.iter().any(|(_, _, o)| *o == Some(503)), "some push was cut off by the kill");
+    retry_and_verify(&lb, &token, pulled, outcomes).await;
+
+    // The other pullers saw no change twice and none out of order (absorb_page checks as they
+    // go); where each stopped, it had every change up to there: a prefix of the whole log.
+    let (all, _) = lb.pull_all(&token, "cluster-check", 0, 500).await;
+    let log: BTreeMap<String, i64> = all
+        .iter()
+        .map(|r| {
+            (r["observation_id"].as_str().expect("id").to_string(), r["version"].as_i64().expect("version"))
+        })
+        .collect();
+    for puller in pullers {
+        let seen = puller.await.expect("puller");
+        let reached = seen.values().copied().max().expect("a puller made progress");
+        let expected: BTreeMap<String, i64> =
+            log.iter().filter(|(_, v)| **v <= reached).map(|(k, v)| (k.clone(), *v)).collect();
+        assert_eq!(seen, expected, "a puller skipped or misplaced a change");
+    }
+
+    export_job_started_on_one_node_is_downloaded_on_another(&nodes[0], &nodes[1], &lb, &token, all.len())
+        .await;
+    a_job_whose_node_is_killed_becomes_failed(&mut nodes[1], NODES[1], &lb, &token).await;
+    drop(nginx);
+    drop(nodes);
+}

@@ -1,0 +1,505 @@
+//! Read replicas (docs/api.md §18.3) against a real primary and a real hot standby that each test
+//! makes itself: `initdb` of a primary with streaming replication on, `pg_basebackup -R` of it,
+//! the standby started on its own socket folder, both under the test's temporary folder and
+//! stopped when the test ends. Replication lag is made deterministic with
+//! `pg_wal_replay_pause()` / `pg_wal_replay_resume()` on the standby.
+
+use std::collections::{BTreeMap, HashSet};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use synkronus::db::embedded::EmbeddedPostgres;
+
+use crate::helpers::TestApp;
+
+/// The database the server uses on the pair.
+const DB: &str = "synkronus";
+/// Short, so that a fallback costs the tests little time.
+const MAX_WAIT_MS: u64 = 300;
+
+/// A primary and its hot standby, stopped (immediately) when dropped.
+pub struct ReplicaPair {
+    primary: EmbeddedPostgres,
+    replica: EmbeddedPostgres,
+    _dir: tempfile::TempDir,
+}
+
+/// Light settings: the machine is shared, durability does not matter here.
+fn cluster(dir: std::path::PathBuf) -> EmbeddedPostgres {
+    EmbeddedPostgres::new(dir, None, "postgres")
+        .expect("PostgreSQL binaries for tests")
+        .with_setting("wal_level=replica")
+        .with_setting("max_wal_senders=4")
+        .with_setting("hot_standby=on")
+        .with_setting("hot_standby_feedback=on")
+        .with_setting("max_connections=100")
+        .with_setting("shared_buffers=16MB")
+        .with_setting("fsync=off")
+        .with_setting("synchronous_commit=off")
+}
+
+impl ReplicaPair {
+    pub async fn start() -> Self {
+        // Under /tmp with short names: the socket paths must stay short, and the postgres user
+        // (when we are root) must be able to reach them.
+        let dir = tempfile::Builder::new().prefix("rp").tempdir_in("/tmp").expect("temp dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let primary = cluster(dir.path().join("p"));
+        let starter = primary.clone();
+        tokio::task::spawn_blocking(move || starter.start()).await.unwrap().expect("start primary");
+        primary.ensure_database(DB).await.expect("create database");
+
+        let replica_dir = dir.path().join("r");
+        std::fs::create_dir(&replica_dir).expect("replica dir");
+        std::fs::set_permissions(&replica_dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let mut backup = std::process::Command::new(primary.bin_dir().join("pg_basebackup"));
+        backup
+            .args(["-R", "-X", "stream", "-c", "fast", "-D"])
+            .arg(&replica_dir)
+            .arg("-d")
+            .arg(primary.connection_string("postgres"))
+            .current_dir("/");
+        if nix::unistd::geteuid().is_root() {
+            let user = nix::unistd::User::from_name("postgres").unwrap().expect("postgres user");
+            nix::unistd::chown(&replica_dir, Some(user.uid), Some(user.gid)).expect("chown");
+            backup.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+        }
+        let out = tokio::task::spawn_blocking(move || backup.output()).await.unwrap().expect("pg_basebackup");
+        assert!(out.status.success(), "pg_basebackup: {}", String::from_utf8_lossy(&out.stderr));
+        // The primary's socket lives in its data folder, and the backup copies its lock file.
+        let _ = std::fs::remove_file(replica_dir.join(".s.PGSQL.5432.lock"));
+        let replica = cluster(replica_dir);
+        let starter = replica.clone();
+        tokio::task::spawn_blocking(move || starter.start()).await.unwrap().expect("start replica");
+        let pair = ReplicaPair { primary, replica, _dir: dir };
+        assert!(pair.replica_query("SELECT pg_is_in_recovery()").await.get::<_, bool>(0), "a hot standby");
+        pair
+    }
+
+    pub fn primary_conn(&self) -> String {
+        self.primary.connection_string(DB)
+    }
+
+    pub fn replica_conn(&self) -> String {
+        self.replica.connection_string(DB)
+    }
+
+    async fn query(conn: &str, sql: &str) -> tokio_postgres::Row {
+        let (client, connection) =
+            tokio_postgres::connect(conn, tokio_postgres::NoTls).await.expect("connect");
+        let driver = tokio::spawn(connection);
+        let row = client.query_one(sql, &[]).await.expect(sql);
+        drop(client);
+        let _ = driver.await;
+        row
+    }
+
+    async fn replica_query(&self, sql: &str) -> tokio_postgres::Row {
+        Self::query(&self.replica_conn(), sql).await
+    }
+
+    pub async fn pause_replay(&self) {
+        self.replica_query("SELECT pg_wal_replay_pause()::text").await;
+    }
+
+    pub async fn resume_replay(&self) {
+        self.replica_query("SELECT pg_wal_replay_resume()::text").await;
+    }
+
+    async fn head(conn: &str) -> i64 {
+        Self::query(conn, "SELECT head FROM change_head").await.get(0)
+    }
+
+    /// The standby's change head; -1 while it has not replayed the migrations yet.
+    async fn replica_head(&self) -> i64 {
+        let (client, connection) =
+            tokio_postgres::connect(&self.replica_conn(), tokio_postgres::NoTls).await.expect("connect");
+        let driver = tokio::spawn(connection);
+        let head = client.query_one("SELECT head FROM change_head", &[]).await.map_or(-1, |r| r.get(0));
+        drop(client);
+        let _ = driver.await;
+        head
+    }
+
+    /// Waits until the standby shows the primary's change head.
+    pub async fn wait_replayed(&self) {
+        let target = Self::head(&self.primary_conn()).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.replica_head().await < target {
+            assert!(Instant::now() < deadline, "the replica did not catch up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn stop_replica(&self) {
+        let r = self.replica.clone();
+        tokio::task::spawn_blocking(move || r.stop()).await.unwrap().expect("stop replica");
+    }
+
+    pub async fn start_replica(&self) {
+        let r = self.replica.clone();
+        tokio::task::spawn_blocking(move || r.start()).await.unwrap().expect("start replica");
+    }
+}
+
+impl Drop for ReplicaPair {
+    fn drop(&mut self) {
+        let _ = self.replica.kill();
+        let _ = self.primary.kill();
+    }
+}
+
+/// A server on the pair's primary, reading from its replica.
+async fn server(pair: &ReplicaPair) -> TestApp {
+    let wait = MAX_WAIT_MS.to_string();
+    TestApp::spawn_on(
+        pair.primary_conn(),
+        &[("DB_READ_REPLICAS", &pair.replica_conn()), ("REPLICA_MAX_WAIT_MS", &wait), ("DB_POOL_SIZE", "4")],
+    )
+    .await
+}
+
+/// Waits until `/health` lists the replica as healthy (in rotation).
+async fn wait_in_rotation(app: &TestApp, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (_, body) = app.call(Method::GET, "/health", None, None).await;
+        if body["replicas"][0]["state"] == "healthy" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the replica did not enter the rotation: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn served_by(res: &reqwest::Response) -> String {
+    res.headers().get("x-served-by").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
+}
+
+/// One synkronus pull; returns (status, body, x-served-by).
+async fn pull(app: &TestApp, token: &str, since: i64, limit: i64) -> (StatusCode, Value, String) {
+    let body = json!({"client_id": "puller", "since": {"version": since}});
+    let res = app.send(Method::POST, &format!("/sync/pull?limit={limit}"), Some(token), Some(body)).await;
+    let (status, by) = (res.status(), served_by(&res));
+    (status, res.json().await.unwrap_or(Value::Null), by)
+}
+
+async fn push_records(app: &TestApp, token: &str, tx: &str, ids: &[String], form_type: &str) -> i64 {
+    let records: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"observation_id": id, "form_type": form_type, "data": {"id": id}}))
+        .collect();
+    let (status, body) =
+        app.push(token, json!({"transmission_id": tx, "client_id": "pusher", "records": records})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, status_body) = app.call(Method::GET, "/status", Some(token), None).await;
+    status_body["current_change_id"].as_i64().expect("head")
+}
+
+fn ids(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+#[actix_web::test]
+async fn without_replicas_every_read_says_primary() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let (status, body, by) = pull(&app, &admin, 0, 10).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(by, "primary");
+    let (_, health) = app.call(Method::GET, "/health", None, None).await;
+    assert!(health.get("replicas").is_none(), "no replica list without replicas: {health}");
+}
+
+/// A device that pushed (primary head H) and pulls with since = H while the replica's replay is
+/// paused gets its answer from the primary within REPLICA_MAX_WAIT_MS plus a little, never a
+/// head below H; after resume, reads go back to the replica.
+#[actix_web::test]
+async fn a_lagging_replica_is_waited_for_then_the_primary_answers() {
+    let pair = ReplicaPair::start().await;
+    let app = server(&pair).await;
+    let admin = app.admin_token().await;
+    push_records(&app, &admin, "t1", &ids("a", 5), "f").await;
+    pair.wait_replayed().await;
+    wait_in_rotation(&app, Duration::from_secs(10)).await;
+    let (status, body, by) = pull(&app, &admin, 0, 50).await;
+    assert_eq!((status, by.as_str()), (StatusCode::OK, "replica"), "{body}");
+    assert_eq!(body["records"].as_array().unwrap().len(), 5);
+
+    pair.pause_replay().await;
+    let h = push_records(&app, &admin, "t2", &ids("b", 5), "f").await;
+    let started = Instant::now();
+    let (status, body, by) = pull(&app, &admin, h, 50).await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["current_version"].as_i64().unwrap() >= h, "monotonic: {body} below {h}");
+    assert_eq!(by, "primary", "the paused replica is behind the cursor");
+    assert!(took < Duration::from_millis(MAX_WAIT_MS + 700), "answered after {took:?}");
+    // The other cursor-carrying reads: the spec dialect under a prefix, and the manifest.
+    for path in [
+        format!("/api/v1/sync/pull?client_id=x&since={h}"),
+        format!("/attachments/manifest?after_change_id={h}"),
+    ] {
+        let res = app.send(Method::GET, &path, Some(&admin), None).await;
+        assert_eq!((res.status(), served_by(&res).as_str()), (StatusCode::OK, "primary"), "{path}");
+        let body: Value = res.json().await.unwrap();
+        assert!(body["change_cutoff"].as_i64().unwrap() >= h, "{path}: {body}");
+    }
+    let (status, body) =
+        app.call(Method::GET, "/attachments/manifest?after_change_id=0", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body["change_cutoff"].as_i64().unwrap() < h, "served by the paused replica: {body}");
+    // A cursor the paused replica has reached is still served by it.
+    let (status, body, by) = pull(&app, &admin, 0, 50).await;
+    assert_eq!((status, by.as_str()), (StatusCode::OK, "replica"), "{body}");
+    assert!(body["current_version"].as_i64().unwrap() < h, "the replica really is paused");
+
+    pair.resume_replay().await;
+    pair.wait_replayed().await;
+    let (status, body, by) = pull(&app, &admin, h, 50).await;
+    assert_eq!((status, by.as_str()), (StatusCode::OK, "replica"), "{body}");
+    assert!(body["current_version"].as_i64().unwrap() >= h);
+    let (status, body, by) = pull(&app, &admin, 0, 50).await;
+    assert_eq!((status, by.as_str()), (StatusCode::OK, "replica"));
+    assert_eq!(body["records"].as_array().unwrap().len(), 10);
+
+    let metrics = app.send(Method::GET, "/metrics", Some(&admin), None).await.text().await.unwrap();
+    // Every series also carries the `node` label (docs/api.md §18.2).
+    let has = |name: &str, label: &str| {
+        metrics.lines().any(|line| line.starts_with(&format!("{name}{{")) && line.contains(label))
+    };
+    assert!(has("synkronus_db_read_fallbacks_total", "reason=\"behind\""), "{metrics}");
+    assert!(has("synkronus_db_reads_total", "target=\"replica\""), "{metrics}");
+}
+
+/// What one cursor-following puller saw.
+struct Pulled {
+    seen: BTreeMap<String, i64>,
+    cursor: i64,
+    from_replica: usize,
+    pulls: usize,
+}
+
+/// Follows the cursor until `done` is set and the cursor has reached `total`, asserting on every
+/// page: 200, strictly increasing change_ids, no record twice, the cursor never going back.
+async fn follow(app: &TestApp, token: String, limit: i64, total: i64, done: Arc<AtomicBool>) -> Pulled {
+    let mut out = Pulled { seen: BTreeMap::new(), cursor: 0, from_replica: 0, pulls: 0 };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let finished = done.load(Ordering::SeqCst);
+        let (status, body, by) = pull(app, &token, out.cursor, limit).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        out.from_replica += usize::from(by == "replica");
+        out.pulls += 1;
+        let mut last = out.cursor;
+        for r in body["records"].as_array().expect("records") {
+            let v = r["version"].as_i64().expect("version");
+            assert!(v > last, "strictly increasing ({v} after {last})");
+            last = v;
+            let id = r["observation_id"].as_str().expect("id").to_string();
+            assert!(out.seen.insert(id.clone(), v).is_none(), "{id} came twice");
+        }
+        let next = if body["has_more"] == true { &body["change_cutoff"] } else { &body["current_version"] };
+        let next = next.as_i64().expect("cursor");
+        assert!(next >= out.cursor, "the cursor went back from {} to {next}", out.cursor);
+        out.cursor = next;
+        if finished && out.cursor >= total && body["has_more"] == false {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "the puller never caught up (cursor {})", out.cursor);
+        if body["has_more"] == false {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// The sync engine's no-skip test with every pull aimed at a replica whose replay is paused and
+/// resumed at random moments.
+#[actix_web::test]
+async fn no_skipped_change_with_a_replica_paused_at_random() {
+    let pair = ReplicaPair::start().await;
+    let app = Arc::new(server(&pair).await);
+    let admin = app.admin_token().await;
+    wait_in_rotation(&app, Duration::from_secs(10)).await;
+    const PUSHERS: usize = 8;
+    const PUSHES_EACH: usize = 12;
+    const RECORDS_EACH: usize = 4;
+    let total = (PUSHERS * PUSHES_EACH * RECORDS_EACH) as i64;
+    let done = Arc::new(AtomicBool::new(false));
+
+    let toggler = {
+        let done = done.clone();
+        let conn = pair.replica_conn();
+        tokio::spawn(async move {
+            let mut toggles = 0;
+            while !done.load(Ordering::SeqCst) {
+                // Some pauses outlast REPLICA_MAX_WAIT_MS, so both the wait and the fallback happen.
+                let sleep = rand::thread_rng().gen_range(5..450);
+                tokio::time::sleep(Duration::from_millis(sleep)).await;
+                let sql = if toggles % 2 == 0 {
+                    "SELECT pg_wal_replay_pause()::text"
+                } else {
+                    "SELECT pg_wal_replay_resume()::text"
+                };
+                ReplicaPair::query(&conn, sql).await;
+                toggles += 1;
+            }
+            ReplicaPair::query(&conn, "SELECT pg_wal_replay_resume()::text").await;
+            toggles
+        })
+    };
+    let pullers: Vec<_> = [1, 7, 50, 500]
+        .into_iter()
+        .map(|limit| {
+            let (app, token, done) = (app.clone(), admin.clone(), done.clone());
+            tokio::spawn(async move { follow(&app, token, limit, total, done).await })
+        })
+        .collect();
+    let pushers: Vec<_> = (0..PUSHERS)
+        .map(|d| {
+            let (app, token) = (app.clone(), admin.clone());
+            tokio::spawn(async move {
+                for n in 0..PUSHES_EACH {
+                    let records: Vec<Value> = (0..RECORDS_EACH)
+                        .map(|k| json!({"observation_id": format!("d{d}-{n}-{k}"), "form_type": "f", "data": {"d": d}}))
+                        .collect();
+                    let body = json!({"transmission_id": format!("{d}-{n}"), "client_id": format!("dev-{d}"), "records": records});
+                    let (status, body) = app.push(&token, body).await;
+                    assert_eq!(status, StatusCode::OK, "{body}");
+                    let pause = rand::thread_rng().gen_range(0..100);
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            })
+        })
+        .collect();
+    for p in pushers {
+        p.await.expect("pusher");
+    }
+    done.store(true, Ordering::SeqCst);
+    let toggles = toggler.await.expect("toggler");
+    let expected: HashSet<String> = (0..PUSHERS)
+        .flat_map(|d| {
+            (0..PUSHES_EACH).flat_map(move |n| (0..RECORDS_EACH).map(move |k| format!("d{d}-{n}-{k}")))
+        })
+        .collect();
+    let (mut from_replica, mut pulls) = (0, 0);
+    for p in pullers {
+        let pulled = p.await.expect("puller");
+        let got: HashSet<String> = pulled.seen.keys().cloned().collect();
+        assert_eq!(got, expected, "a puller missed changes");
+        assert_eq!(pulled.cursor, total);
+        from_replica += pulled.from_replica;
+        pulls += pulled.pulls;
+    }
+    eprintln!(
+        "{pulls} pulls, {from_replica} served by the replica, replay paused or resumed {toggles} times"
+    );
+    assert!(toggles >= 2, "replay was paused and resumed");
+    assert!(from_replica > 0, "the replica served pulls");
+}
+
+/// The replica stopped mid-run: no 5xx, reads fall back to the primary, and the replica returns
+/// to the rotation after it restarts.
+#[actix_web::test]
+async fn a_stopped_replica_falls_back_to_the_primary_and_returns() {
+    let pair = ReplicaPair::start().await;
+    let app = Arc::new(server(&pair).await);
+    let admin = app.admin_token().await;
+    wait_in_rotation(&app, Duration::from_secs(10)).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let served = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let reader = {
+        let (app, token, done, served) = (app.clone(), admin.clone(), done.clone(), served.clone());
+        tokio::spawn(async move {
+            let mut cursor = 0;
+            while !done.load(Ordering::SeqCst) {
+                let (status, body, by) = pull(&app, &token, cursor, 20).await;
+                assert_eq!(status, StatusCode::OK, "{body}");
+                served[usize::from(by == "replica")].fetch_add(1, Ordering::SeqCst);
+                let next = body["current_version"].as_i64().unwrap();
+                assert!(next >= cursor, "the cursor went back");
+                cursor = next;
+                let (status, body) = app.call(Method::GET, "/observations?limit=5", Some(&token), None).await;
+                assert_eq!(status, StatusCode::OK, "{body}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    for round in 0..3 {
+        push_records(&app, &admin, &format!("before-{round}"), &ids(&format!("x{round}"), 3), "f").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pair.stop_replica().await;
+    let primary_before = served[0].load(Ordering::SeqCst);
+    for round in 0..5 {
+        push_records(&app, &admin, &format!("down-{round}"), &ids(&format!("y{round}"), 3), "f").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, health) = app.call(Method::GET, "/health", None, None).await;
+    assert_eq!(health["replicas"][0]["state"], "unreachable", "{health}");
+    assert!(served[0].load(Ordering::SeqCst) > primary_before, "the primary took over");
+
+    pair.start_replica().await;
+    wait_in_rotation(&app, Duration::from_secs(20)).await;
+    let replica_before = served[1].load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    done.store(true, Ordering::SeqCst);
+    reader.await.expect("reader");
+    assert!(served[1].load(Ordering::SeqCst) > replica_before, "the replica is back in rotation");
+}
+
+/// Exports and statistics read from a replica equal the primary's at the same position.
+#[actix_web::test]
+async fn exports_and_statistics_from_a_replica_equal_the_primarys() {
+    let pair = ReplicaPair::start().await;
+    let app = server(&pair).await;
+    // The same database without replicas: every read from the primary.
+    let on_primary = TestApp::spawn_on(pair.primary_conn(), &[]).await;
+    let admin = app.admin_token().await;
+    push_records(&app, &admin, "e1", &ids("a", 7), "alpha").await;
+    push_records(&app, &admin, "e2", &ids("b", 4), "beta").await;
+    let (status, body) = app
+        .push(
+            &admin,
+            json!({"transmission_id": "e3", "client_id": "pusher",
+            "records": [{"observation_id": "a-1", "form_type": "alpha", "data": {}, "deleted": true}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    pair.wait_replayed().await;
+    wait_in_rotation(&app, Duration::from_secs(10)).await;
+
+    for path in ["/stats/observations", "/data/export?format=json", "/data/export?format=csv&form_type=alpha"]
+    {
+        let from_replica = app.send(Method::GET, path, Some(&admin), None).await;
+        assert_eq!(from_replica.status(), StatusCode::OK, "{path}");
+        assert_eq!(served_by(&from_replica), "replica", "{path}");
+        let from_primary = on_primary.send(Method::GET, path, Some(&admin), None).await;
+        assert_eq!(served_by(&from_primary), "primary", "{path}");
+        let head = |r: &reqwest::Response| r.headers().get("x-export-change-id").cloned();
+        assert_eq!(head(&from_replica), head(&from_primary), "{path}: same snapshot head");
+        let (a, b) = (from_replica.text().await.unwrap(), from_primary.text().await.unwrap());
+        if path.starts_with("/stats") {
+            let strip = |t: &str| {
+                let mut v: Value = serde_json::from_str(t).unwrap();
+                v.as_object_mut().unwrap().remove("computedAt");
+                v
+            };
+            assert_eq!(strip(&a), strip(&b), "{path}");
+            assert_eq!(strip(&a)["totalCount"], 10, "{a}");
+        } else {
+            assert_eq!(a, b, "{path}");
+            assert!(!a.is_empty());
+        }
+    }
+    let res = app.send(Method::GET, "/devices", Some(&admin), None).await;
+    assert_eq!((res.status(), served_by(&res).as_str()), (StatusCode::OK, "replica"));
+    let res = app.send(Method::GET, "/observations/a-2/history", Some(&admin), None).await;
+    assert_eq!((res.status(), served_by(&res).as_str()), (StatusCode::OK, "replica"));
+}
