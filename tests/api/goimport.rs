@@ -339,6 +339,9 @@ impl Run {
 struct Target {
     conn: String,
     data_root: tempfile::TempDir,
+    /// STORAGE_URL and AWS_* of a target whose files live in an S3-compatible store.
+    storage_env: Vec<(String, String)>,
+    _s3: Option<crate::helpers::S3Server>,
 }
 
 impl Target {
@@ -346,7 +349,15 @@ impl Target {
         Target {
             conn: cluster().connection_string(&fresh_database().await),
             data_root: tempfile::tempdir().expect("dir"),
+            storage_env: Vec::new(),
+            _s3: None,
         }
+    }
+
+    async fn with_s3() -> Target {
+        let s3 = crate::helpers::S3Server::start().await;
+        let bucket = s3.bucket().await;
+        Target { storage_env: s3.env(&bucket), _s3: Some(s3), ..Target::new().await }
     }
 
     async fn import(&self, source: &GoSource, extra: &[&str]) -> Run {
@@ -360,7 +371,8 @@ impl Target {
         cmd.env("DB_CONNECTION", &self.conn)
             .env("JWT_SECRET", JWT_SECRET)
             .env("DATA_ROOT", self.data_root.path())
-            .env("LOG_LEVEL", "warn");
+            .env("LOG_LEVEL", "warn")
+            .envs(self.storage_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
             .await
             .expect("the import finishes within 120 s")
@@ -374,7 +386,9 @@ impl Target {
 
     async fn serve(&self) -> TestApp {
         let root = self.data_root.path().to_str().expect("utf-8").to_string();
-        TestApp::spawn_on(self.conn.clone(), &[("DATA_ROOT", &root)]).await
+        let mut env: Vec<(&str, &str)> = vec![("DATA_ROOT", &root)];
+        env.extend(self.storage_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        TestApp::spawn_on(self.conn.clone(), &env).await
     }
 
     /// Rows in the tables an import writes (0 everywhere for an untouched target).
@@ -439,9 +453,8 @@ async fn manifest(app: &TestApp, token: &str, since: i64) -> (Value, BTreeSet<(S
     (body, ops)
 }
 
-async fn import_keeps_everything(gen: Gen) {
+async fn import_keeps_everything(gen: Gen, target: Target) {
     let source = GoSource::build(gen).await;
-    let target = Target::new().await;
     let run = target.import(&source, &[]).await;
     run.assert_ok();
     assert!(
@@ -615,12 +628,17 @@ async fn import_keeps_everything(gen: Gen) {
 
 #[actix_web::test]
 async fn import_of_a_december_2025_deployment_keeps_passwords_cursors_files_and_bundles() {
-    import_keeps_everything(Gen::Dec2025).await;
+    import_keeps_everything(Gen::Dec2025, Target::new().await).await;
+}
+
+#[actix_web::test]
+async fn import_into_an_s3_storage_url_keeps_files_and_bundles() {
+    import_keeps_everything(Gen::Y2026, Target::with_s3().await).await;
 }
 
 #[actix_web::test]
 async fn import_of_a_2026_deployment_keeps_presence_generation_and_record_fields_too() {
-    import_keeps_everything(Gen::Y2026).await;
+    import_keeps_everything(Gen::Y2026, Target::new().await).await;
 }
 
 #[actix_web::test]
