@@ -12,7 +12,6 @@ pub mod url;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -227,6 +226,13 @@ impl Storage {
     /// A bucket that does not exist stops start-up, naming the variable; an unreachable store
     /// only warns (routes that need files answer 503 until it is back).
     pub async fn check_at_start(&self) -> anyhow::Result<()> {
+        for (name, area) in self.areas() {
+            if let Some(root) = area.local_path("") {
+                std::fs::create_dir_all(&root).map_err(|e| {
+                    anyhow::anyhow!("STORAGE_URL: cannot create {} ({name}): {e}", root.display())
+                })?;
+            }
+        }
         match self.check().await {
             Ok(()) => Ok(()),
             Err(StorageError::NotFound(what)) => anyhow::bail!("STORAGE_URL: {what}"),
@@ -243,6 +249,3 @@ impl Storage {
 pub(crate) fn temp_name() -> String {
     format!(".tmp-{}", uuid::Uuid::new_v4().simple())
 }
-
-/// A thin wrapper for callers that have a shared store.
-pub type SharedStorage = Arc<Storage>;

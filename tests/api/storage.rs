@@ -294,3 +294,28 @@ async fn the_orphan_sweep_removes_old_files_without_a_row_only() {
     let (status, _, _) = app.get_bytes(&admin, "/app-bundle/download-zip").await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[actix_web::test]
+async fn a_file_storage_url_keeps_todays_layout_under_its_folder() {
+    let root = tempfile::tempdir().expect("root");
+    let folder = root.path().join("not-yet-created");
+    let url = format!("file://{}", folder.display());
+    let app = TestApp::spawn_with(&[("STORAGE_URL", &url)]).await;
+    let admin = app.admin_token().await;
+    let (status, body) = app.put_bytes(&admin, "/attachments/f.bin", b"on a file url", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let sha = body["sha256"].as_str().map(str::to_string).unwrap_or_default();
+    let blobs: Vec<_> = walkdir::WalkDir::new(folder.join("attachments/blobs"))
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_type().is_file())
+        .collect();
+    assert_eq!(blobs.len(), 1, "{sha}");
+    app.push_bundle(&admin, small_bundle("20250101-000011", "file"), true).await;
+    assert!(folder.join("app-bundles/versions/20250101-000011/app/index.html").is_file());
+    assert!(folder.join("app-bundles/versions/20250101-000011.zip").is_file());
+    let (status, _, bytes) = app.get_bytes(&admin, "/app-bundle/download/app/index.html").await;
+    assert_eq!((status, bytes), (StatusCode::OK, b"<html>file</html>".to_vec()));
+    let (status, _, bytes) = app.get_bytes(&admin, "/attachments/f.bin").await;
+    assert_eq!((status, bytes), (StatusCode::OK, b"on a file url".to_vec()));
+}
