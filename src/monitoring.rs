@@ -87,6 +87,11 @@ pub fn rate_limited(limit: &'static str) {
     counter!("synkronus_rate_limited_total", "limit" => limit).increment(1);
 }
 
+/// A request refused with 503 because `MAX_INFLIGHT_BODY_BYTES` stayed in use for its whole wait.
+pub fn body_budget_refused() {
+    counter!("synkronus_body_budget_refused_total").increment(1);
+}
+
 /// Counts one running export for as long as it lives.
 pub struct ExportRunning(());
 
@@ -113,6 +118,7 @@ fn describe_defaults() {
             counter!("synkronus_rate_limited_total", "limit" => limit).increment(0);
         }
         counter!("synkronus_sync_push_replays_total").increment(0);
+        counter!("synkronus_body_budget_refused_total").increment(0);
         counter!("synkronus_attachment_bytes_uploaded_total").increment(0);
         gauge!("synkronus_exports_running").increment(0.0);
     });

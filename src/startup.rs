@@ -140,6 +140,7 @@ impl Application {
             actors,
             schemas: Arc::new(crate::schema_check::SchemaCache::default()),
             clock,
+            body_budget: crate::http::body_budget::BodyBudget::new(config.max_inflight_body_bytes),
         };
 
         let listener = TcpListener::bind((config.bind_address, config.port))

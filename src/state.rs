@@ -21,6 +21,8 @@ pub struct AppState {
     pub schemas: Arc<crate::schema_check::SchemaCache>,
     /// What expiry is measured on (see `crate::clock`).
     pub clock: crate::clock::Clock,
+    /// Room for request bodies in flight (`MAX_INFLIGHT_BODY_BYTES`).
+    pub body_budget: crate::http::body_budget::BodyBudget,
 }
 
 impl AppState {

@@ -15,6 +15,7 @@ mod export;
 mod formspecs;
 mod health;
 mod hostile;
+mod membudget;
 mod metrics;
 mod openapi;
 mod portal;
