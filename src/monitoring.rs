@@ -92,6 +92,11 @@ pub fn body_budget_refused() {
     counter!("synkronus_body_budget_refused_total").increment(1);
 }
 
+/// Bytes of `MAX_INFLIGHT_BODY_BYTES` held by requests, read at scrape time.
+pub fn body_budget_in_use(bytes: usize) {
+    gauge!("synkronus_body_budget_in_use_bytes").set(bytes as f64);
+}
+
 /// Counts one running export for as long as it lives.
 pub struct ExportRunning(());
 

@@ -53,9 +53,9 @@ impl BodyBudget {
         Ok(permit)
     }
 
-    /// What is free now, in bytes (for tests and metrics).
-    pub fn available_bytes(&self) -> usize {
-        self.room.available_permits() * UNIT
+    /// What requests hold now, in bytes (the `/metrics` gauge).
+    pub fn in_use_bytes(&self) -> usize {
+        (self.units as usize).saturating_sub(self.room.available_permits()) * UNIT
     }
 
     fn units_for(&self, bytes: usize) -> u32 {
@@ -125,7 +125,7 @@ mod tests {
         let err = budget.reserve(6 * UNIT).await.err().unwrap();
         assert_eq!(err.code, ErrorCode::ServiceUnavailable);
         drop(first);
-        assert_eq!(budget.available_bytes(), 10 * UNIT);
+        assert_eq!(budget.in_use_bytes(), 0);
         assert!(budget.reserve(6 * UNIT).await.is_ok());
     }
 
@@ -134,7 +134,7 @@ mod tests {
         let budget = BodyBudget::with_wait(10 * UNIT, Duration::from_millis(50));
         let all = budget.reserve(1 << 30).await.unwrap();
         assert_eq!(all.bytes(), 10 * UNIT);
-        assert_eq!(budget.available_bytes(), 0);
+        assert_eq!(budget.in_use_bytes(), 10 * UNIT);
     }
 
     #[tokio::test]
@@ -149,6 +149,6 @@ mod tests {
         permit.cover_growing(2 * MIN_GROWTH + 1, 2 * MIN_GROWTH + 10).await.unwrap();
         assert_eq!(permit.bytes(), 2 * MIN_GROWTH + UNIT);
         drop(permit);
-        assert_eq!(budget.available_bytes(), 4096 * UNIT);
+        assert_eq!(budget.in_use_bytes(), 0);
     }
 }

@@ -90,6 +90,24 @@ async fn stalled_push(server: &ChildServer, token: &str, bytes: usize) -> tokio:
     stream
 }
 
+/// Waits until the server's budget gauge shows at least `bytes` held.
+async fn wait_for_budget_in_use(server: &ChildServer, token: &str, bytes: usize) {
+    for _ in 0..100 {
+        let res = server.client.get(server.url("/metrics")).bearer_auth(token).send().await.expect("scrape");
+        let text = res.text().await.expect("metrics text");
+        let held = text
+            .lines()
+            .find_map(|l| l.strip_prefix("synkronus_body_budget_in_use_bytes "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if held >= bytes as f64 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the stalled bodies never held {bytes} bytes of the budget");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushes_beyond_the_budget_wait_then_get_503_and_memory_stays_bounded() {
     let budget = BUDGET.to_string();
@@ -102,7 +120,7 @@ async fn pushes_beyond_the_budget_wait_then_get_503_and_memory_stays_bounded() {
     // 5 s and is refused, with nothing stored.
     let stalled =
         [stalled_push(&server, &token, 30 * MIB).await, stalled_push(&server, &token, 30 * MIB).await];
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_budget_in_use(&server, &token, 60 * MIB).await;
     let refused_body = push_text("refused", "t-refused");
     let started = Instant::now();
     let (status, retry_after, body) = send_push(&server, &token, &refused_body).await;
