@@ -97,7 +97,9 @@ async fn wait_for_budget_in_use(server: &ChildServer, token: &str, bytes: usize)
         let text = res.text().await.expect("metrics text");
         let held = text
             .lines()
-            .find_map(|l| l.strip_prefix("synkronus_body_budget_in_use_bytes "))
+            // The series carries labels (`node`), so the value is the line's last field.
+            .find(|l| l.starts_with("synkronus_body_budget_in_use_bytes"))
+            .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.trim().parse::<f64>().ok())
             .unwrap_or(0.0);
         if held >= bytes as f64 {
