@@ -79,6 +79,8 @@ pub struct Config {
     pub trusted_proxies: Vec<IpNet>,
     pub cors_allowed_origins: Vec<String>,
     pub max_json_body_bytes: usize,
+    /// The memory budget of request bodies in flight (docs/api.md §18.4).
+    pub max_inflight_body_bytes: usize,
     pub max_attachment_bytes: u64,
     /// A request body that sends nothing for this long is abandoned with a 400 (slow-body attacks).
     pub request_body_timeout: Duration,
@@ -160,6 +162,7 @@ impl Config {
             trusted_proxies: Vec::new(),
             cors_allowed_origins: Vec::new(),
             max_json_body_bytes: 0,
+            max_inflight_body_bytes: 0,
             max_attachment_bytes: 0,
             request_body_timeout: Duration::ZERO,
             record_validation: RecordValidation::Warn,
@@ -286,6 +289,7 @@ mod tests {
         assert!(c.trusted_proxies.is_empty());
         assert_eq!(c.cors_allowed_origins, ["*"]);
         assert_eq!(c.max_json_body_bytes, 33_554_432);
+        assert_eq!(c.max_inflight_body_bytes, 536_870_912);
         assert_eq!(c.max_attachment_bytes, 67_108_864);
         assert_eq!(c.record_validation, RecordValidation::Warn);
         assert_eq!(c.rate_limit_login_per_min, 10);

@@ -110,6 +110,16 @@ pub fn replica_state(replica: &str, in_rotation: bool, lag_seconds: Option<f64>)
     }
 }
 
+/// A request refused with 503 because `MAX_INFLIGHT_BODY_BYTES` stayed in use for its whole wait.
+pub fn body_budget_refused() {
+    counter!("synkronus_body_budget_refused_total").increment(1);
+}
+
+/// Bytes of `MAX_INFLIGHT_BODY_BYTES` held by requests, read at scrape time.
+pub fn body_budget_in_use(bytes: usize) {
+    gauge!("synkronus_body_budget_in_use_bytes").set(bytes as f64);
+}
+
 /// Counts one running export for as long as it lives.
 pub struct ExportRunning(());
 
@@ -142,6 +152,7 @@ fn describe_defaults() {
         for reason in ["behind", "error"] {
             counter!("synkronus_db_read_fallbacks_total", "reason" => reason).increment(0);
         }
+        counter!("synkronus_body_budget_refused_total").increment(0);
         counter!("synkronus_attachment_bytes_uploaded_total").increment(0);
         gauge!("synkronus_exports_running").increment(0.0);
     });

@@ -156,6 +156,7 @@ impl Application {
             schemas: Arc::new(crate::schema_check::SchemaCache::default()),
             clock,
             node,
+            body_budget: crate::http::body_budget::BodyBudget::new(config.max_inflight_body_bytes),
         };
 
         let listener = TcpListener::bind((config.bind_address, config.port))

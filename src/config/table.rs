@@ -357,6 +357,12 @@ pub static VARIABLES: &[Variable] = &[
         set!(max_json_body_bytes = |raw| at_least(raw, 1)),
     ),
     Variable::defaulted(
+        "MAX_INFLIGHT_BODY_BYTES",
+        "536870912",
+        "Bytes of JSON bodies in flight (being read, decoded or waiting to commit); beyond it a request waits up to 5 s, then gets 503",
+        set!(max_inflight_body_bytes = |raw| at_least(raw, 1)),
+    ),
+    Variable::defaulted(
         "MAX_ATTACHMENT_BYTES",
         "67108864",
         "Attachment size limit",

@@ -260,7 +260,10 @@ pub async fn write_revisions(
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
         (0..b.change_id.len()).filter(|&i| !superseded[i]).partition(|&i| stored.contains(b.record_id[i]));
-    if !inserts.is_empty() {
+    if inserts.len() == b.change_id.len() {
+        // Only new records, each once (the usual big push): the batch itself, not a copy of it.
+        copy_current_rows(db, b, synced_at).await?;
+    } else if !inserts.is_empty() {
         copy_current_rows(db, &b.select(&inserts), synced_at).await?;
     }
     if !updates.is_empty() {

@@ -14,6 +14,7 @@ use crate::auth::{bearer_token, AuthUser};
 use crate::domain::api_version::ApiVersion;
 use crate::domain::audit::Origin;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::body_budget::BodyPermit;
 use crate::state::AppState;
 
 pub fn state(req: &HttpRequest) -> ApiResult<&AppState> {
@@ -97,7 +98,8 @@ fn carries_body_client_id(req: &HttpRequest) -> bool {
 }
 
 /// A JSON request body, parsed whatever the Content-Type says (docs/api.md §1.3). An empty body is
-/// `Value::Null`; size and nesting limits give 413 and 400.
+/// `Value::Null`; size and nesting limits give 413 and 400. Its room in the body budget is held
+/// until the request is done (the permit rides in the request's extensions).
 pub struct JsonBody(pub Value);
 
 impl FromRequest for JsonBody {
@@ -105,7 +107,31 @@ impl FromRequest for JsonBody {
     type Future = Pin<Box<dyn Future<Output = Result<Self, Self::Error>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let limit = state(req).map(|s| s.config.max_json_body_bytes).unwrap_or(1 << 20);
+        let body = BodyBytes::from_request(req, payload);
+        let req = req.clone();
+        Box::pin(async move {
+            let BodyBytes { bytes, permit } = body.await?;
+            let value = parse_json(&bytes)?;
+            req.extensions_mut().insert(permit);
+            Ok(JsonBody(value))
+        })
+    }
+}
+
+/// A request body as bytes, read within `MAX_JSON_BODY_BYTES` (413 beyond) once the body budget
+/// has room for it (docs/api.md §18.4): by its Content-Length up front, else as it arrives. The
+/// room is held for as long as `permit` lives.
+pub struct BodyBytes {
+    pub bytes: web::Bytes,
+    pub permit: BodyPermit,
+}
+
+impl FromRequest for BodyBytes {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, Self::Error>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let budget = state(req).map(|s| (s.config.max_json_body_bytes, s.body_budget.clone()));
         let declared = req
             .headers()
             .get("content-length")
@@ -113,18 +139,21 @@ impl FromRequest for JsonBody {
             .and_then(|v| v.parse::<usize>().ok());
         let mut payload = payload.take();
         Box::pin(async move {
+            let (limit, budget) = budget?;
             if declared.is_some_and(|n| n > limit) {
                 return Err(too_large(limit));
             }
+            let mut permit = budget.reserve(declared.unwrap_or(0)).await?;
             let mut body = web::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
             while let Some(chunk) = payload.next().await {
                 let chunk = chunk.map_err(|_| ApiError::bad_request("Could not read the request body"))?;
                 if body.len() + chunk.len() > limit {
                     return Err(too_large(limit));
                 }
+                permit.cover_growing(body.len() + chunk.len(), limit).await?;
                 body.extend_from_slice(&chunk);
             }
-            Ok(JsonBody(parse_json(&body)?))
+            Ok(BodyBytes { bytes: body.freeze(), permit })
         })
     }
 }
@@ -141,15 +170,23 @@ pub fn parse_json(bytes: &[u8]) -> ApiResult<Value> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Null);
     }
+    parse_json_as(bytes)
+}
+
+/// Parses JSON into any type, borrowing from `bytes` where it can (a `&RawValue` keeps the text
+/// instead of building a tree), with the nesting limit of [`parse_json`].
+pub fn parse_json_as<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> ApiResult<T> {
     if nesting_exceeds(bytes, MAX_JSON_DEPTH) {
         return Err(ApiError::bad_request(format!("JSON nesting deeper than {MAX_JSON_DEPTH} levels")));
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     // The scan above bounds the depth, so the parser's recursion stays shallow.
     de.disable_recursion_limit();
-    serde::Deserialize::deserialize(&mut de)
-        .and_then(|v: Value| de.end().map(|()| v))
-        .map_err(|e| ApiError::bad_request(format!("Malformed JSON: {e}")))
+    T::deserialize(&mut de).and_then(|v| de.end().map(|()| v)).map_err(malformed_json)
+}
+
+pub fn malformed_json(e: serde_json::Error) -> ApiError {
+    ApiError::bad_request(format!("Malformed JSON: {e}"))
 }
 
 /// True when brackets outside strings nest deeper than `max`. Up to the first syntax error the

@@ -64,12 +64,14 @@ pub async fn exposition(req: HttpRequest) -> ApiResult<HttpResponse> {
     Ok(HttpResponse::Ok().insert_header((header::CONTENT_TYPE, "text/plain; version=0.0.4")).body(text))
 }
 
-/// Values read at scrape time: pool state, and the head and active bundle from the database
-/// (shared by every process, so they are right whichever process committed last). A database that
-/// does not answer within 2 s leaves the last values in place rather than failing the scrape.
+/// Values read at scrape time: pool state, the body budget in use, and the head and active bundle
+/// from the database (shared by every process, so they are right whichever process committed
+/// last). A database that does not answer within 2 s leaves the last values in place rather than
+/// failing the scrape.
 async fn sample(st: &AppState) {
     let status = st.pool.status();
     monitoring::db_pool_connections(status.available, status.size.saturating_sub(status.available));
+    monitoring::body_budget_in_use(st.body_budget.in_use_bytes());
     let probe = async { crate::db::status::head_and_active_bundle(&st.pool.get().await.ok()?).await.ok() };
     if let Ok(Some((head, active))) = tokio::time::timeout(Duration::from_secs(2), probe).await {
         monitoring::changelog_head(head);

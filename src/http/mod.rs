@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod attachments;
 pub mod auth;
+pub mod body_budget;
 pub mod bundles;
 pub mod context;
 pub mod cors;

@@ -3,6 +3,7 @@
 
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::actors::change_log::{reset_required, Push};
@@ -11,11 +12,12 @@ use crate::db::records;
 use crate::db::replicas::Target;
 use crate::domain::api_version::ApiVersion;
 use crate::domain::role::Role;
-use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push, PullQuery};
+use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push_body, PullQuery};
+use crate::domain::sync::push_body::PushBody;
 use crate::domain::sync::{encode, Dialect, PullPage, PullRequest, PushRequest, StoredRecord, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
 use crate::http::context::{served_by, X_API_VERSION_USED};
-use crate::http::extract::{api_version, state, Auth, JsonBody};
+use crate::http::extract::{api_version, malformed_json, parse_json_as, state, Auth, BodyBytes, JsonBody};
 use crate::state::AppState;
 
 static X_IDEMPOTENT_REPLAY: HeaderName = HeaderName::from_static("x-idempotent-replay");
@@ -24,9 +26,14 @@ pub static X_REPOSITORY_GENERATION: HeaderName = HeaderName::from_static("x-repo
 /// The repository generation a client holds (docs/api.md §17.2): the header, or when it is absent the
 /// body field. A header that is present but not an integer >= 1 counts as not sent.
 pub fn client_generation(req: &HttpRequest, body: &Value) -> Option<i64> {
+    generation_sent(req, body.get("repository_generation"))
+}
+
+/// [`client_generation`], given the body's `repository_generation` field.
+fn generation_sent(req: &HttpRequest, body_field: Option<&Value>) -> Option<i64> {
     match req.headers().get(&X_REPOSITORY_GENERATION) {
         Some(h) => h.to_str().ok().and_then(|v| v.trim().parse::<i64>().ok()).filter(|g| *g >= 1),
-        None => body.get("repository_generation").and_then(Value::as_i64).filter(|g| *g >= 1),
+        None => body_field.and_then(Value::as_i64).filter(|g| *g >= 1),
     }
 }
 
@@ -82,10 +89,17 @@ fn dialect_response(dialect: Dialect, body: Vec<u8>, generation: i64) -> HttpRes
     request_body(content = ref("#/components/schemas/PushRequest")),
     responses((status = 200, body = ref("#/components/schemas/PushResponse")), (status = 400), (status = 409), (status = 422)),
     security(("bearerAuth" = [])))]
-pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody) -> ApiResult<HttpResponse> {
+pub async fn push(req: HttpRequest, Auth(caller): Auth, body: BodyBytes) -> ApiResult<HttpResponse> {
+    // The records stay JSON text until decoded one by one (docs/api.md §18.4); the body's room in
+    // the budget is held until the change log has answered.
+    let BodyBytes { bytes, permit } = body;
+    // Malformed JSON is a 400 before any role check, as for every JSON body.
+    let raw: Option<&RawValue> =
+        if bytes.iter().all(u8::is_ascii_whitespace) { None } else { Some(parse_json_as(&bytes)?) };
     caller.require(Role::ReadWrite)?;
     let st = state(&req)?;
-    let mut request = decode_push(&body)?;
+    let (mut request, expected_generation) = decode_push_text(&req, raw)?;
+    drop(bytes);
     check_schemas(st, &mut request).await?;
     let fingerprint = request.fingerprint();
     let dialect = request.dialect;
@@ -100,9 +114,10 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
             records: request.records,
             warnings: request.warnings,
             pushed_by: caller.username.clone(),
-            expected_generation: client_generation(&req, &body),
+            expected_generation,
         })
         .await?;
+    drop(permit);
     report_sync(&req, st, &caller.username, &client_id, Some(outcome.result.head));
     crate::monitoring::push_answered(dialect, outcome.result.items.len(), outcome.replayed);
     let result = &outcome.result;
@@ -112,6 +127,15 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
         res.headers_mut().insert(X_IDEMPOTENT_REPLAY.clone(), HeaderValue::from_static("true"));
     }
     Ok(res)
+}
+
+/// The push and the repository generation its sender holds. An empty body is not an object.
+fn decode_push_text(req: &HttpRequest, raw: Option<&RawValue>) -> ApiResult<(PushRequest, Option<i64>)> {
+    let body = match raw {
+        Some(raw) => PushBody::from_raw(raw).map_err(malformed_json)?,
+        None => PushBody::default(),
+    };
+    Ok((decode_push_body(&body)?, generation_sent(req, body.field("repository_generation"))))
 }
 
 /// RECORD_VALIDATION: `warn` adds SCHEMA_MISMATCH warnings, `reject` fails the push with 422.

@@ -573,7 +573,8 @@ pub(crate) async fn export_job_runs_from_start_to_download_on(app: TestApp) {
 
 #[actix_web::test]
 async fn finished_job_files_expire_after_the_ttl() {
-    let app = TestApp::spawn_with(&[("EXPORT_JOB_TTL_SECONDS", "1")]).await;
+    // A TTL far longer than a loaded machine takes to notice the job is done; the clock moves past it.
+    let app = TestApp::spawn_with(&[("EXPORT_JOB_TTL_SECONDS", "60")]).await;
     let admin = app.admin_token().await;
     household_fixture(&app).await;
     let (status, body) = app.call(Method::POST, "/dataexport/jobs", Some(&admin), Some(json!({}))).await;
@@ -582,7 +583,7 @@ async fn finished_job_files_expire_after_the_ttl() {
     assert_eq!(wait_for_job(&app, &admin, &id).await["state"], "done");
     let file = app.data_root.path().join("exports").join(format!("{id}.zip"));
     assert!(file.is_file());
-    app.advance_clock(Duration::from_secs(2));
+    app.advance_clock(Duration::from_secs(61));
     let (status, body) =
         app.call(Method::GET, &format!("/dataexport/jobs/{id}/download"), Some(&admin), None).await;
     assert_error(status, &body, 404, "NOT_FOUND");

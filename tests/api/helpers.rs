@@ -475,12 +475,17 @@ impl ChildServer {
         panic!("the server did not become ready in 60 s: {}", server.log_text());
     }
 
+    /// The server's process id (its `/proc` entry: resident memory, open files).
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running child")
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn signal(&self, signal: nix::sys::signal::Signal) {
-        let pid = self.child.id().expect("running child") as i32;
+        let pid = self.pid() as i32;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signal the server");
     }
 

@@ -19,6 +19,7 @@ mod formspecs;
 mod goimport;
 mod health;
 mod hostile;
+mod membudget;
 mod metrics;
 mod openapi;
 mod portal;

@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::push_body::{self, PushBody};
 use super::{clamp_limit, Dialect, IncomingRecord, PullCursor, PullRequest, PushRequest, Warning};
 use crate::domain::page_token::{self, TokenKind};
 use crate::domain::problem::ItemProblem;
@@ -122,10 +123,22 @@ pub fn valid_free_form_id(s: &str) -> bool {
     !s.is_empty() && s.chars().count() <= MAX_ID_CHARS && !s.contains('\0')
 }
 
-/// Decodes and validates a push body. 400 for request-level problems; 422 listing every record problem.
+/// Decodes and validates a parsed push body: the same as [`decode_push_body`] on its text.
 pub fn decode_push(body: &Value) -> DecodeResult<PushRequest> {
-    let dialect = Dialect::detect(body);
-    let obj = object(body)?;
+    let text = body.to_string();
+    let raw: &RawValue = push_body::parse(&text).map_err(malformed)?;
+    decode_push_body(&PushBody::from_raw(raw).map_err(malformed)?)
+}
+
+fn malformed(e: serde_json::Error) -> DecodeError {
+    DecodeError::bad_request(format!("Malformed JSON: {e}"))
+}
+
+/// Decodes and validates a push body, parsing one record at a time. 400 for request-level
+/// problems; 422 listing every record problem.
+pub fn decode_push_body(body: &PushBody) -> DecodeResult<PushRequest> {
+    let dialect = body.dialect();
+    let obj = body.fields().ok_or_else(|| DecodeError::bad_request("Request body must be a JSON object"))?;
     let (client_key, tid_key) = match dialect {
         Dialect::Camel => ("clientId", "transmissionId"),
         _ => ("client_id", "transmission_id"),
@@ -136,23 +149,18 @@ pub fn decode_push(body: &Value) -> DecodeResult<PushRequest> {
         _ => Some(request_id_field(obj, tid_key)?),
     };
     let keys = record_keys(dialect);
-    let list = match dialect {
-        Dialect::Camel => obj.get("changes").and_then(Value::as_object).and_then(|c| c.get("observations")),
-        _ => obj.get("records"),
-    };
-    let list = match list {
-        Some(Value::Array(items)) => items,
-        _ => {
-            return Err(DecodeError::bad_request(format!("'{}' must be an array", keys.list_path))
-                .with_path(keys.list_path))
-        }
+    let Some(list) = body.records(dialect) else {
+        return Err(DecodeError::bad_request(format!("'{}' must be an array", keys.list_path))
+            .with_path(keys.list_path));
     };
 
     let mut problems = Vec::new();
     let mut records = Vec::with_capacity(list.len());
     let mut warnings = Vec::new();
-    for (index, item) in list.iter().enumerate() {
-        match decode_record(item, index, &keys, &mut problems) {
+    for (index, raw) in list.iter().enumerate() {
+        // One record's tree at a time: it is dropped once the record is decoded.
+        let item: Value = push_body::parse(raw.get()).map_err(malformed)?;
+        match decode_record(&item, index, &keys, &mut problems) {
             Some(record) => {
                 if record.form_type.is_empty() {
                     warnings.push((index, Warning::missing_form_type(&record.id, keys.form_type)));

@@ -3,6 +3,7 @@
 pub mod decode;
 pub mod encode;
 pub mod plan;
+pub mod push_body;
 
 #[cfg(test)]
 mod fuzz;
@@ -10,7 +11,7 @@ mod fuzz;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 /// The three wire shapes of push and pull (docs/api.md §1.2).
@@ -27,13 +28,16 @@ impl Dialect {
         let Some(obj) = body.as_object() else {
             return Dialect::Synkronus;
         };
+        let first = obj.get("records").and_then(Value::as_array).and_then(|r| r.first());
+        Self::detect_parts(obj, first)
+    }
+
+    /// Detection from a body's top-level fields and the first element of its `records` array.
+    pub fn detect_parts(obj: &Map<String, Value>, first_record: Option<&Value>) -> Dialect {
         if obj.contains_key("since_change_id") {
             return Dialect::Spec;
         }
-        let first_is_spec = obj
-            .get("records")
-            .and_then(Value::as_array)
-            .and_then(|r| r.first())
+        let first_is_spec = first_record
             .and_then(Value::as_object)
             .is_some_and(|r| r.contains_key("id") && r.contains_key("schema_type"));
         if first_is_spec {
