@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{Json, ToSql, Type};
 
-use super::records::raw_json;
+use super::records::{self, raw_json};
 use crate::db::{stats, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
 
@@ -279,37 +279,15 @@ async fn copy_current_rows(
     b: &RevisionBatch<'_>,
     synced_at: DateTime<Utc>,
 ) -> DbResult<()> {
-    let sink = tx
-        .copy_in(
-            "COPY records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-                 geolocation, author, device_id, tags, change_id, created_by, client_id, transmission_id,
-                 pushed_by, overwrote_version, conflict) FROM STDIN (FORMAT binary)",
-        )
-        .await?;
-    let writer = BinaryCopyInWriter::new(
-        sink,
-        &[
-            Type::TEXT,
-            Type::TEXT,
-            Type::TEXT,
-            Type::JSON,
-            Type::BOOL,
-            Type::TIMESTAMPTZ,
-            Type::TIMESTAMPTZ,
-            Type::TIMESTAMPTZ,
-            Type::JSON,
-            Type::TEXT,
-            Type::TEXT,
-            Type::JSON,
-            Type::INT8,
-            Type::TEXT,
-            Type::TEXT,
-            Type::TEXT,
-            Type::TEXT,
-            Type::INT8,
-            Type::BOOL,
-        ],
+    let statement = format!(
+        "COPY records ({}, client_id, transmission_id, pushed_by, overwrote_version, conflict) \
+         FROM STDIN (FORMAT binary)",
+        records::COPY_COLUMNS
     );
+    let sink = tx.copy_in(statement.as_str()).await?;
+    let provenance = [Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BOOL];
+    let types = [records::COPY_TYPES.as_slice(), &provenance].concat();
+    let writer = BinaryCopyInWriter::new(sink, &types);
     let mut writer = std::pin::pin!(writer);
     for i in 0..b.change_id.len() {
         writer

@@ -98,29 +98,9 @@ pub struct NewRecord {
 /// One binary `COPY` per batch (about twice the rate of a multi-row insert); the JSON columns go
 /// as the source's text and PostgreSQL checks them.
 pub async fn insert_records(db: &tokio_postgres::Transaction<'_>, records: &[NewRecord]) -> DbResult<()> {
-    use tokio_postgres::types::Type;
-    let sink = db
-        .copy_in(
-            "COPY records (id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-                           geolocation, author, device_id, tags, change_id, created_by) FROM STDIN BINARY",
-        )
-        .await?;
-    let types = [
-        Type::TEXT,
-        Type::TEXT,
-        Type::TEXT,
-        Type::JSON,
-        Type::BOOL,
-        Type::TIMESTAMPTZ,
-        Type::TIMESTAMPTZ,
-        Type::TIMESTAMPTZ,
-        Type::JSON,
-        Type::TEXT,
-        Type::TEXT,
-        Type::JSON,
-        Type::INT8,
-        Type::TEXT,
-    ];
+    let statement = format!("COPY records ({}) FROM STDIN BINARY", crate::db::records::COPY_COLUMNS);
+    let sink = db.copy_in(statement.as_str()).await?;
+    let types = crate::db::records::COPY_TYPES;
     let writer = BinaryCopyInWriter::new(sink, &types);
     futures_util::pin_mut!(writer);
     for r in records {

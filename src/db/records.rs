@@ -8,6 +8,30 @@ use tokio_postgres::Row;
 use crate::db::{stats, DbResult};
 use crate::domain::sync::StoredRecord;
 
+/// The columns a record's current state is written with by binary `COPY` (a push's new records
+/// and the Go import), in order, with their wire types: one list, so the two writers cannot drift.
+pub(crate) const COPY_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_at, updated_at, \
+     synced_at, geolocation, author, device_id, tags, change_id, created_by";
+pub(crate) const COPY_TYPES: [tokio_postgres::types::Type; 14] = {
+    use tokio_postgres::types::Type;
+    [
+        Type::TEXT,        // id
+        Type::TEXT,        // form_type
+        Type::TEXT,        // form_version
+        Type::JSON,        // data
+        Type::BOOL,        // deleted
+        Type::TIMESTAMPTZ, // created_at
+        Type::TIMESTAMPTZ, // updated_at
+        Type::TIMESTAMPTZ, // synced_at
+        Type::JSON,        // geolocation
+        Type::TEXT,        // author
+        Type::TEXT,        // device_id
+        Type::JSON,        // tags
+        Type::INT8,        // change_id
+        Type::TEXT,        // created_by
+    ]
+};
+
 /// Serialises change_id allocation across server processes sharing one database.
 const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
 
