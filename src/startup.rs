@@ -123,8 +123,7 @@ impl Application {
         let pool = connect_migrate(&config, &conn).await?;
         let clock = Clock::default();
         let auth = Arc::new(AuthService::from_config(&config, clock.clone())?);
-        let node = config.node_id.clone();
-        bootstrap_admin(&config, &pool, &auth, &node).await?;
+        bootstrap_admin(&config, &pool, &auth, &config.node_id).await?;
         check_data_root(&config)?;
         let storage = Arc::new(crate::storage::Storage::open(&config)?);
         storage.check_at_start().await?;
@@ -155,7 +154,6 @@ impl Application {
             storage,
             schemas: Arc::new(crate::schema_check::SchemaCache::default()),
             clock,
-            node,
             body_budget: crate::http::body_budget::BodyBudget::new(config.max_inflight_body_bytes),
         };
 
@@ -232,7 +230,7 @@ async fn record_start(state: &AppState) -> anyhow::Result<()> {
         "commit": env!("SYNKRONUS_GIT_COMMIT"),
         "config": state.config.without_secrets(),
     });
-    let entry = Origin::server(&state.node).entry(Action::ServerStarted, None, details);
+    let entry = Origin::server(&state.config.node_id).entry(Action::ServerStarted, None, details);
     db::audit::append(&state.pool.get().await?, &entry).await.context("cannot write the audit log")?;
     Ok(())
 }

@@ -25,8 +25,6 @@ pub struct AppState {
     pub schemas: Arc<crate::schema_check::SchemaCache>,
     /// What expiry is measured on (see `crate::clock`).
     pub clock: crate::clock::Clock,
-    /// This process's name in the audit log (its `NODE_ID`).
-    pub node: String,
     /// Room for request bodies in flight (`MAX_INFLIGHT_BODY_BYTES`).
     pub body_budget: crate::http::body_budget::BodyBudget,
 }

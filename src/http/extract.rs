@@ -275,7 +275,7 @@ pub fn audit_origin(req: &HttpRequest, state: &AppState, actor: &str) -> Origin 
         actor: Some(actor.to_owned()),
         client_ip: Some(client_ip(req, &state.config.trusted_proxies)),
         request_id: Some(crate::telemetry::request_id::current()),
-        node: state.node.clone(),
+        node: state.config.node_id.clone(),
     }
 }
 
