@@ -77,6 +77,27 @@ async fn dump(conn: &str) -> BTreeMap<String, String> {
     out
 }
 
+/// How many tables the target's schema holds: 0 when a refused restore wrote nothing.
+async fn table_count(conn: &str) -> i64 {
+    let tables = "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                  WHERE n.nspname = current_schema() AND c.relkind = 'r'";
+    scalar(conn, tables).await
+}
+
+/// Pushes one record `id` in a transmission of its own, and checks it was accepted.
+async fn push_one(api: &Api, token: &str, id: &str) {
+    let body = json!({"transmission_id": format!("t-{id}"), "client_id": "c", "records": [
+        {"observation_id": id, "form_type": "f", "data": {"a": 1}}]});
+    let (status, answer) = api.push(token, body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
+
+/// `synkronus backup --output path` of the app's database and data root.
+async fn backup_to(app: &TestApp, path: &Path) -> Run {
+    synkronus(&["backup", "--output", path.to_str().expect("utf-8")], &app.db_conn, app.data_root.path())
+        .await
+}
+
 async fn scalar(conn: &str, sql: &str) -> i64 {
     connect(conn).await.query_one(sql, &[]).await.expect(sql).get(0)
 }
@@ -186,7 +207,7 @@ async fn a_round_trip_restores_everything_and_raises_the_generation() {
 
     let archive = app.data_root.path().join("backup.zip");
     let archive_arg = archive.to_str().expect("utf-8 path");
-    let run = synkronus(&["backup", "--output", archive_arg], &app.db_conn, app.data_root.path()).await;
+    let run = backup_to(&app, &archive).await;
     assert_ok(&run);
     assert!(run.stdout.contains("backup written"), "{}", run.stdout);
     assert_ok(&synkronus(&["backup", "--verify", archive_arg], &app.db_conn, app.data_root.path()).await);
@@ -262,8 +283,7 @@ async fn a_backup_during_a_push_storm_restores_one_moment() {
     }
     let before: Vec<String> = acked.lock().expect("lock").clone();
     let archive = app.data_root.path().join("storm.zip");
-    let archive_arg = archive.to_str().expect("utf-8 path");
-    assert_ok(&synkronus(&["backup", "--output", archive_arg], &app.db_conn, app.data_root.path()).await);
+    assert_ok(&backup_to(&app, &archive).await);
     stop.store(true, Ordering::Relaxed);
     for pusher in pushers {
         pusher.await.expect("pusher");
@@ -271,6 +291,7 @@ async fn a_backup_during_a_push_storm_restores_one_moment() {
     assert!(acked.lock().expect("lock").len() > before.len(), "the storm went on during the backup");
 
     let (target, root) = new_target().await;
+    let archive_arg = archive.to_str().expect("utf-8 path");
     assert_ok(&synkronus(&["restore", "--input", archive_arg], &target, root.path()).await);
     let db = connect(&target).await;
     let rows =
@@ -308,22 +329,12 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 async fn damaged_archives_are_refused_and_nothing_is_written() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
-    let (status, _) = app
-        .push(
-            &admin,
-            json!({"transmission_id": "t", "client_id": "c", "records": [
-            {"observation_id": "x1", "form_type": "f", "data": {"a": 1}}]}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    push_one(&app, &admin, "x1").await;
     let (status, _) = app.put_bytes(&admin, "/attachments/blob.bin", &[9u8; 5000], None).await;
     assert!(status.is_success());
     let dir = tempfile::tempdir().expect("archives");
     let good = dir.path().join("good.zip");
-    let run =
-        synkronus(&["backup", "--output", good.to_str().expect("utf-8")], &app.db_conn, app.data_root.path())
-            .await;
-    assert_ok(&run);
+    assert_ok(&backup_to(&app, &good).await);
     let bytes = std::fs::read(&good).expect("archive");
     let mut flipped = bytes.clone();
     flipped[bytes.len() / 2] ^= 0x20;
@@ -336,9 +347,7 @@ async fn damaged_archives_are_refused_and_nothing_is_written() {
         let (target, root) = new_target().await;
         assert_refused(&synkronus(&["backup", "--verify", arg], &target, root.path()).await, "is unusable");
         assert_refused(&synkronus(&["restore", "--input", arg], &target, root.path()).await, "is unusable");
-        let tables = "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                      WHERE n.nspname = current_schema() AND c.relkind = 'r'";
-        assert_eq!(scalar(&target, tables).await, 0, "{name}: the target database was written");
+        assert_eq!(table_count(&target).await, 0, "{name}: the target database was written");
         assert!(files_under(root.path()).is_empty(), "{name}: files were written");
     }
     assert_ok(
@@ -355,17 +364,10 @@ async fn damaged_archives_are_refused_and_nothing_is_written() {
 async fn a_non_empty_target_is_refused_unless_forced() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
-    let (status, _) = app
-        .push(
-            &admin,
-            json!({"transmission_id": "t", "client_id": "c", "records": [
-            {"observation_id": "kept", "form_type": "f", "data": {"a": 1}}]}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    push_one(&app, &admin, "kept").await;
     let archive = app.data_root.path().join("b.zip");
     let arg = archive.to_str().expect("utf-8");
-    assert_ok(&synkronus(&["backup", "--output", arg], &app.db_conn, app.data_root.path()).await);
+    assert_ok(&backup_to(&app, &archive).await);
 
     // A target that served a while: a record and an attachment of its own.
     let (target, scratch) = new_target().await;
@@ -377,14 +379,7 @@ async fn a_non_empty_target_is_refused_unless_forced() {
     let (status, body) =
         other.call(Method::POST, "/admin/repository/reset", Some(&other_admin), Some(reset)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, _) = other
-        .push(
-            &other_admin,
-            json!({"transmission_id": "t", "client_id": "c", "records": [
-            {"observation_id": "theirs", "form_type": "f", "data": {"a": 2}}]}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    push_one(&other, &other_admin, "theirs").await;
     let (status, _) = other.put_bytes(&other_admin, "/attachments/theirs.bin", &[1u8; 100], None).await;
     assert!(status.is_success());
     // Not while that server runs.
@@ -445,14 +440,7 @@ async fn an_archive_of_a_newer_schema_is_refused_and_nothing_is_written() {
     let app = TestApp::spawn().await;
     let dir = tempfile::tempdir().expect("archives");
     let good = dir.path().join("good.zip");
-    assert_ok(
-        &synkronus(
-            &["backup", "--output", good.to_str().expect("utf-8")],
-            &app.db_conn,
-            app.data_root.path(),
-        )
-        .await,
-    );
+    assert_ok(&backup_to(&app, &good).await);
     let newer = dir.path().join("newer.zip");
     with_edited_manifest(&good, &newer, |manifest| {
         manifest["schema_version"] = json!(9999);
@@ -466,9 +454,7 @@ async fn an_archive_of_a_newer_schema_is_refused_and_nothing_is_written() {
     assert_ok(&synkronus(&["backup", "--verify", arg], &app.db_conn, app.data_root.path()).await);
     let (target, root) = new_target().await;
     assert_refused(&synkronus(&["restore", "--input", arg], &target, root.path()).await, "V9999__future");
-    let tables = "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                  WHERE n.nspname = current_schema() AND c.relkind = 'r'";
-    assert_eq!(scalar(&target, tables).await, 0, "the target database was written");
+    assert_eq!(table_count(&target).await, 0, "the target database was written");
 }
 
 /// docs/operations.md, "Going back to an older binary": a database migrated further than the
