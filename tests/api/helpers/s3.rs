@@ -39,6 +39,12 @@ impl S3Server {
     /// A new bucket with a unique name.
     pub async fn bucket(&self) -> String {
         let name = format!("synk-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+        self.create_bucket(&name).await;
+        name
+    }
+
+    /// Creates `name` (again, after a restart: moto keeps its buckets in memory).
+    pub async fn create_bucket(&self, name: &str) {
         let status = reqwest::Client::new()
             .put(format!("{}/{name}", self.endpoint))
             .send()
@@ -46,7 +52,6 @@ impl S3Server {
             .expect("create bucket")
             .status();
         assert!(status.is_success(), "create bucket: {status}");
-        name
     }
 
     /// The variables that point a server at `bucket` of this store.
