@@ -4,10 +4,10 @@
 //! stickiness. Through nginx the cluster must behave as one server: no skipped or repeated change
 //! for cursor-following pullers while devices push, attachments and export jobs readable on
 //! another node than the one that wrote them, a bundle switch served everywhere within 1 s, a
-//! node killed with SIGKILL in a push storm losing no acknowledged push, a stopped object store
-//! giving 503s (never a 500 or a hang) while sync and the cached bundle keep working, then
-//! recovery, and the export job of a node killed with SIGKILL failed by another node within a
-//! minute.
+//! node killed with SIGKILL in a push storm losing no acknowledged push, an object store frozen
+//! and then stopped giving 503s (never a 500 or a hang) while sync and the cached bundle keep
+//! working, then recovery, and the export job of a node killed with SIGKILL failed by another
+//! node within a minute.
 //!
 //! nginx comes from `make test-deps` (the Debian package), like moto; the test fails, saying so,
 //! without it.
@@ -297,20 +297,67 @@ async fn file_routes_answer_503(apis: &[Api], token: &str, export_job: &str) {
         let bundle = bundle_form(small_bundle("3.2.0", "outage"));
         let push = c.post(api.url("/app-bundle/push")).bearer_auth(token).multipart(bundle);
         answers_503(&format!("bundle push through {at}"), push).await;
-        let (status, body) = api.call(Method::GET, "/health", None, None).await;
-        assert_eq!(status, StatusCode::OK, "the database is up: {body}");
-        assert_eq!((body["status"].as_str(), body["storage"].as_str()), (Some("OK"), Some("down")), "{body}");
+        reports_storage(api, "down").await;
     }
 }
 
 /// Sync does not touch the store: a push through nginx is applied and pulled through nginx.
-async fn sync_works_without_the_store(lb: &Api, token: &str) {
-    let push = json!({"transmission_id": "outage-1", "client_id": "outage-device", "records": [
-        {"observation_id": "outage-obs", "form_type": "ft", "form_version": "1", "data": {"k": 1}}]});
+async fn sync_works_without_the_store(lb: &Api, token: &str, outage: &str) {
+    let id = format!("{outage}-obs");
+    let push = json!({"transmission_id": outage, "client_id": "outage-device", "records": [
+        {"observation_id": id, "form_type": "ft", "form_version": "1", "data": {"k": 1}}]});
     let (status, body) = lb.push(token, push).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (records, _) = lb.pull_all(token, "outage-puller", 0, 500).await;
-    assert!(records.iter().any(|r| r["observation_id"] == "outage-obs"), "the push is pulled");
+    assert!(records.iter().any(|r| r["observation_id"] == id.as_str()), "the push is pulled");
+}
+
+async fn reports_storage(api: &Api, state: &str) {
+    let (status, body) = api.call(Method::GET, "/health", None, None).await;
+    assert_eq!(status, StatusCode::OK, "the database is up: {body}");
+    assert_eq!((body["status"].as_str(), body["storage"].as_str()), (Some("OK"), Some(state)), "{body}");
+}
+
+/// A store that accepts connections and answers nothing (moto frozen with SIGSTOP) is what a
+/// client timeout must never see: one request of each route that needs it, at once on different
+/// nodes, answers 503 within 10 s, while sync and the cached bundle keep working. Resumed, the
+/// store serves what it held: the attachment written before reads again.
+async fn a_frozen_store_gives_503s_then_serves_again(
+    s3: &S3Server,
+    nodes: [&Api; 2],
+    lb: &Api,
+    token: &str,
+    export_job: &str,
+    cached: &CachedBundle,
+) {
+    let bounded = reqwest::Client::builder().timeout(STORE_DOWN_BOUND).build().expect("client");
+    let [a, b, via_lb] = [nodes[0], nodes[1], lb].map(|api| Api::new(api.base.clone(), bounded.clone()));
+    s3.freeze();
+    let upload = a.client.put(a.url("/attachments/frozen.bin")).bearer_auth(token).body(&b"new"[..]);
+    let download = b.client.get(b.url("/attachments/cluster-photo.jpg")).bearer_auth(token);
+    let export = via_lb.client.get(via_lb.url(&format!("/dataexport/jobs/{export_job}/download")));
+    let bundle = bundle_form(small_bundle("3.2.0", "frozen"));
+    let push = via_lb.client.post(via_lb.url("/app-bundle/push")).bearer_auth(token).multipart(bundle);
+    futures_util::join!(
+        answers_503("upload to a frozen store", upload),
+        answers_503("download from a frozen store", download),
+        answers_503("export download from a frozen store", export.bearer_auth(token)),
+        answers_503("bundle push to a frozen store", push),
+        reports_storage(&via_lb, "down"),
+        sync_works_without_the_store(&via_lb, token, "frozen"),
+        cached_bundle_is_served(std::slice::from_ref(&via_lb), token, cached),
+    );
+    s3.thaw();
+    let deadline = Instant::now() + STORE_DOWN_BOUND;
+    loop {
+        let (status, _, bytes) = via_lb.get_bytes(token, "/attachments/cluster-photo.jpg").await;
+        if status == StatusCode::OK {
+            assert_eq!(bytes.len(), 700_000);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the resumed store is not read again: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The active version's manifest, a file and its ZIP, from each node's cache.
@@ -326,8 +373,8 @@ async fn cached_bundle_is_served(apis: &[Api], token: &str, cached: &CachedBundl
     }
 }
 
-/// The store stopped while the cluster runs (docs/storage.md, "Outage behaviour"), then started
-/// again on the same port. moto keeps objects in memory, so the restarted store is empty: its
+/// The store stopped while the cluster runs (docs/storage.md, "Outage behaviour"): connections
+/// refused. Then it is started again on the same port. moto keeps objects in memory, so the restarted store is empty: its
 /// bucket is created again and recovery is shown with new files, written and read across nodes.
 async fn an_object_store_outage_gives_503s_and_recovers(
     s3: &mut S3Server,
@@ -345,7 +392,7 @@ async fn an_object_store_outage_gives_503s_and_recovers(
     let port = s3.port;
     s3.stop();
     file_routes_answer_503(&apis, token, export_job).await;
-    sync_works_without_the_store(lb, token).await;
+    sync_works_without_the_store(lb, token, "stopped").await;
     cached_bundle_is_served(&apis, token, cached).await;
 
     *s3 = S3Server::start_on(port).await;
@@ -495,14 +542,15 @@ async fn three_nodes_behind_nginx_behave_as_one_server() {
         export_job_started_on_one_node_is_downloaded_on_another(&nodes[0], &nodes[1], &lb, &token, all.len())
             .await;
 
-    // The object store stops under the two live nodes, then comes back.
+    // The object store hangs, then stops, under the two live nodes, and comes back each time.
     wait_until_cached(&[&data_roots[0], &data_roots[1]], &version).await;
     let cached = CachedBundle { version, zip: small_bundle("3.1.0", "cluster") };
     let live = [&nodes[0].api, &nodes[1].api];
+    a_frozen_store_gives_503s_then_serves_again(&s3, live, &lb, &token, &export_job, &cached).await;
     an_object_store_outage_gives_503s_and_recovers(&mut s3, &bucket, live, &lb, &token, &export_job, &cached)
         .await;
-    // One more record (pushed during the outage): an export job runs and downloads as before.
-    export_job_started_on_one_node_is_downloaded_on_another(&nodes[1], &nodes[0], &lb, &token, all.len() + 1)
+    // Two more records (pushed during the outages): an export job runs and downloads as before.
+    export_job_started_on_one_node_is_downloaded_on_another(&nodes[1], &nodes[0], &lb, &token, all.len() + 2)
         .await;
 
     a_job_whose_node_is_killed_becomes_failed(&mut nodes[1], NODES[1], &lb, &token).await;

@@ -69,6 +69,22 @@ impl S3Server {
         .collect()
     }
 
+    /// Freezes the process (SIGSTOP): its port still accepts connections, nothing is answered,
+    /// as from a store that hangs; [`S3Server::thaw`] resumes it with its data.
+    pub fn freeze(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    pub fn thaw(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let child = self.child.as_ref().expect("moto_server runs");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal moto_server");
+    }
+
     /// Stops the process (an outage); the data it held is gone.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
