@@ -9,7 +9,7 @@ use serde_json::json;
 use synkronus::config::Config;
 use synkronus::storage::{Area, Storage, StorageError, StorageUrl};
 
-use crate::helpers::{small_bundle, test_env, S3Server, TestApp};
+use crate::helpers::{small_bundle, test_env, zip_bytes, S3Server, TestApp};
 
 fn config(env: &[(String, String)]) -> Config {
     let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -283,6 +283,39 @@ async fn storage_copy_moves_a_deployment_to_s3_resumably() {
     assert_eq!((status, bytes), (StatusCode::OK, b"moved bytes".to_vec()));
     let (status, _, bytes) = moved.get_bytes(&admin, "/app-bundle/download/app/index.html").await;
     assert_eq!((status, bytes), (StatusCode::OK, b"<html>moved</html>".to_vec()));
+}
+
+/// A bundle whose files have names the S3 client escapes: served, copied to local folders under
+/// the same names, and removed whole by retention (docs/storage.md, "Tests").
+#[actix_web::test]
+async fn bundle_files_with_escaped_names_are_served_copied_and_removed_on_s3() {
+    let app = TestApp::with_s3(&[("MAX_VERSIONS_KEPT", "1")]).await;
+    let admin = app.admin_token().await;
+    let odd = "app/img/100% #1 [ünï].png";
+    let manifest = json!({"version": "20250101-000020", "name": "S", "entryPoint": "app/index.html"});
+    let bundle = zip_bytes(&[
+        ("manifest.json", manifest.to_string().as_bytes()),
+        ("app/index.html", b"<html>odd</html>"),
+        (odd, b"odd bytes"),
+        ("forms/household/schema.json", br#"{"type": "object"}"#),
+        ("forms/household/ui.json", br#"{"type": "VerticalLayout", "elements": []}"#),
+    ]);
+    app.push_bundle(&admin, bundle, true).await;
+    let url = "/app-bundle/download/app/img/100%25%20%231%20%5B%C3%BCn%C3%AF%5D.png";
+    let (status, _, bytes) = app.get_bytes(&admin, url).await;
+    assert_eq!((status, bytes), (StatusCode::OK, b"odd bytes".to_vec()));
+
+    let root = tempfile::tempdir().expect("root");
+    let target = storage_at(&[("STORAGE_URL".into(), format!("file://{}", root.path().display()))]);
+    let scratch = tempfile::tempdir().expect("scratch");
+    synkronus::storage::ops::copy_all(&app.state.storage, &target, scratch.path()).await.expect("copy");
+    let copied = root.path().join("app-bundles/versions/20250101-000020").join(odd);
+    assert_eq!(std::fs::read(&copied).expect("copied under its own name"), b"odd bytes");
+
+    // Retention removes the version whole: no escaped name is left behind.
+    app.push_bundle(&admin, small_bundle("20250101-000021", "next"), true).await;
+    let left = app.state.storage.bundles.list("versions/20250101-000020").await.expect("list");
+    assert!(left.is_empty(), "{:?}", left.iter().map(|e| &e.key).collect::<Vec<_>>());
 }
 
 #[actix_web::test]
