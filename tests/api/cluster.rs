@@ -270,6 +270,22 @@ struct CachedBundle {
     zip: Vec<u8>,
 }
 
+/// What the outages are checked through: the two live nodes, nginx, an admin's token, a finished
+/// export job (its file in the store) and the active bundle (in every node's cache).
+struct Outage<'a> {
+    nodes: [&'a Api; 2],
+    lb: &'a Api,
+    token: &'a str,
+    export_job: &'a str,
+    cached: CachedBundle,
+}
+
+/// `apis` with a client that gives up after [`STORE_DOWN_BOUND`].
+fn bounded(apis: &[&Api]) -> Vec<Api> {
+    let client = reqwest::Client::builder().timeout(STORE_DOWN_BOUND).build().expect("client");
+    apis.iter().map(|api| Api::new(api.base.clone(), client.clone())).collect()
+}
+
 /// Waits until every node in `data_roots` holds `version` whole in its bundle cache (a version is
 /// fetched there as soon as it becomes active, docs/storage.md), within 10 s.
 async fn wait_until_cached(data_roots: &[&Path], version: &str) {
@@ -322,16 +338,9 @@ async fn reports_storage(api: &Api, state: &str) {
 /// client timeout must never see: one request of each route that needs it, at once on different
 /// nodes, answers 503 within 10 s, while sync and the cached bundle keep working. Resumed, the
 /// store serves what it held: the attachment written before reads again.
-async fn a_frozen_store_gives_503s_then_serves_again(
-    s3: &S3Server,
-    nodes: [&Api; 2],
-    lb: &Api,
-    token: &str,
-    export_job: &str,
-    cached: &CachedBundle,
-) {
-    let bounded = reqwest::Client::builder().timeout(STORE_DOWN_BOUND).build().expect("client");
-    let [a, b, via_lb] = [nodes[0], nodes[1], lb].map(|api| Api::new(api.base.clone(), bounded.clone()));
+async fn a_frozen_store_gives_503s_then_serves_again(s3: &S3Server, o: &Outage<'_>) {
+    let (token, export_job) = (o.token, o.export_job);
+    let [a, b, via_lb]: [Api; 3] = bounded(&[o.nodes[0], o.nodes[1], o.lb]).try_into().ok().expect("three");
     s3.freeze();
     let upload = a.client.put(a.url("/attachments/frozen.bin")).bearer_auth(token).body(&b"new"[..]);
     let download = b.client.get(b.url("/attachments/cluster-photo.jpg")).bearer_auth(token);
@@ -345,7 +354,7 @@ async fn a_frozen_store_gives_503s_then_serves_again(
         answers_503("bundle push to a frozen store", push),
         reports_storage(&via_lb, "down"),
         sync_works_without_the_store(&via_lb, token, "frozen"),
-        cached_bundle_is_served(std::slice::from_ref(&via_lb), token, cached),
+        cached_bundle_is_served(std::slice::from_ref(&via_lb), token, &o.cached),
     );
     s3.thaw();
     let deadline = Instant::now() + STORE_DOWN_BOUND;
@@ -374,26 +383,18 @@ async fn cached_bundle_is_served(apis: &[Api], token: &str, cached: &CachedBundl
 }
 
 /// The store stopped while the cluster runs (docs/storage.md, "Outage behaviour"): connections
-/// refused. Then it is started again on the same port. moto keeps objects in memory, so the restarted store is empty: its
-/// bucket is created again and recovery is shown with new files, written and read across nodes.
-async fn an_object_store_outage_gives_503s_and_recovers(
-    s3: &mut S3Server,
-    bucket: &str,
-    nodes: [&Api; 2],
-    lb: &Api,
-    token: &str,
-    export_job: &str,
-    cached: &CachedBundle,
-) {
-    let bounded = reqwest::Client::builder().timeout(STORE_DOWN_BOUND).build().expect("client");
+/// refused. Then it is started again on the same port. moto keeps objects in memory, so the
+/// restarted store is empty: its bucket is created again and recovery is shown with new files,
+/// written and read across nodes.
+async fn an_object_store_outage_gives_503s_and_recovers(s3: &mut S3Server, bucket: &str, o: &Outage<'_>) {
+    let (nodes, lb, token) = (o.nodes, o.lb, o.token);
     // nginx twice: with node C dead it alternates over A and B; then each node directly.
-    let apis: Vec<Api> =
-        [lb, lb, nodes[0], nodes[1]].iter().map(|a| Api::new(a.base.clone(), bounded.clone())).collect();
+    let apis = bounded(&[lb, lb, nodes[0], nodes[1]]);
     let port = s3.port;
     s3.stop();
-    file_routes_answer_503(&apis, token, export_job).await;
+    file_routes_answer_503(&apis, token, o.export_job).await;
     sync_works_without_the_store(lb, token, "stopped").await;
-    cached_bundle_is_served(&apis, token, cached).await;
+    cached_bundle_is_served(&apis, token, &o.cached).await;
 
     *s3 = S3Server::start_on(port).await;
     s3.create_bucket(bucket).await;
@@ -545,10 +546,15 @@ async fn three_nodes_behind_nginx_behave_as_one_server() {
     // The object store hangs, then stops, under the two live nodes, and comes back each time.
     wait_until_cached(&[&data_roots[0], &data_roots[1]], &version).await;
     let cached = CachedBundle { version, zip: small_bundle("3.1.0", "cluster") };
-    let live = [&nodes[0].api, &nodes[1].api];
-    a_frozen_store_gives_503s_then_serves_again(&s3, live, &lb, &token, &export_job, &cached).await;
-    an_object_store_outage_gives_503s_and_recovers(&mut s3, &bucket, live, &lb, &token, &export_job, &cached)
-        .await;
+    let outage = Outage {
+        nodes: [&nodes[0].api, &nodes[1].api],
+        lb: &lb,
+        token: &token,
+        export_job: &export_job,
+        cached,
+    };
+    a_frozen_store_gives_503s_then_serves_again(&s3, &outage).await;
+    an_object_store_outage_gives_503s_and_recovers(&mut s3, &bucket, &outage).await;
     // Two more records (pushed during the outages): an export job runs and downloads as before.
     export_job_started_on_one_node_is_downloaded_on_another(&nodes[1], &nodes[0], &lb, &token, all.len() + 2)
         .await;
