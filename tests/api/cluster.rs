@@ -300,21 +300,27 @@ async fn wait_until_cached(data_roots: &[&Path], version: &str) {
     }
 }
 
-/// The routes that need the store answer 503 through nginx and on each node; `/health` says so.
+/// The routes that need the store answer 503 through nginx and on each node, all at once;
+/// `/health` says so.
 async fn file_routes_answer_503(apis: &[Api], token: &str, export_job: &str) {
-    for api in apis {
-        let (c, at) = (&api.client, &api.base);
-        let upload = c.put(api.url("/attachments/outage.bin")).bearer_auth(token).body(&b"new"[..]);
-        answers_503(&format!("upload through {at}"), upload).await;
-        let download = c.get(api.url("/attachments/cluster-photo.jpg")).bearer_auth(token);
-        answers_503(&format!("download through {at}"), download).await;
-        let export = c.get(api.url(&format!("/dataexport/jobs/{export_job}/download"))).bearer_auth(token);
-        answers_503(&format!("export download through {at}"), export).await;
-        let bundle = bundle_form(small_bundle("3.2.0", "outage"));
-        let push = c.post(api.url("/app-bundle/push")).bearer_auth(token).multipart(bundle);
-        answers_503(&format!("bundle push through {at}"), push).await;
-        reports_storage(api, "down").await;
-    }
+    futures_util::future::join_all(
+        apis.iter().map(|api| file_routes_answer_503_through(api, token, export_job)),
+    )
+    .await;
+}
+
+async fn file_routes_answer_503_through(api: &Api, token: &str, export_job: &str) {
+    let (c, at) = (&api.client, &api.base);
+    let upload = c.put(api.url("/attachments/outage.bin")).bearer_auth(token).body(&b"new"[..]);
+    answers_503(&format!("upload through {at}"), upload).await;
+    let download = c.get(api.url("/attachments/cluster-photo.jpg")).bearer_auth(token);
+    answers_503(&format!("download through {at}"), download).await;
+    let export = c.get(api.url(&format!("/dataexport/jobs/{export_job}/download"))).bearer_auth(token);
+    answers_503(&format!("export download through {at}"), export).await;
+    let bundle = bundle_form(small_bundle("3.2.0", "outage"));
+    let push = c.post(api.url("/app-bundle/push")).bearer_auth(token).multipart(bundle);
+    answers_503(&format!("bundle push through {at}"), push).await;
+    reports_storage(api, "down").await;
 }
 
 /// Sync does not touch the store: a push through nginx is applied and pulled through nginx.
