@@ -22,8 +22,8 @@ nginx-dep:
 	fi
 
 ## What the tests need besides: Chromium, its driver, Node.js and the browser tests' npm packages,
-## nginx (the cluster test's load balancer), and moto's S3-compatible server (the storage tests start
-## it on loopback).
+## nginx (the cluster test's load balancer), and moto's S3-compatible server (the storage and
+## cluster tests start it on loopback).
 test-deps: deps nginx-dep
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1 \
 		|| ! command -v npm >/dev/null 2>&1; then \
@@ -54,7 +54,7 @@ run: deps .env release
 	$(TARGET_DIR)/release/synkronus serve
 
 ## Three nodes on one PostgreSQL behind nginx on :8080 (scripts/cluster.sh, docs/deploy.md), files
-## under ./data/cluster; Ctrl-C stops them all.
+## under ./data/cluster (CLUSTER_STORAGE=moto: in a bucket of moto's server); Ctrl-C stops them all.
 cluster: deps nginx-dep .env release
 	scripts/cluster.sh $(TARGET_DIR)/release/synkronus
 

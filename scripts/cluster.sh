@@ -11,6 +11,13 @@
 # ./data/cluster), where their logs and nginx's configuration go too. JWT_SECRET comes from the
 # environment or .env, as for `make run`. Kill a node (its pid is printed) to watch the others
 # carry on.
+#
+# Files in a bucket instead (docs/storage.md): CLUSTER_STORAGE=moto starts moto's S3-compatible
+# server (`make test-deps` installs it) on CLUSTER_PORT+10 with the bucket `synkronus-cluster`;
+# moto keeps objects in memory, so they go when the cluster stops. A STORAGE_URL=s3://… in the
+# environment (with its AWS_* variables) points the nodes at a real bucket. Either way each node
+# gets a data root of its own (CLUSTER_DIR/node-x: bundle cache, uploads in flight): the database
+# and the bucket are all they share.
 set -euo pipefail
 
 BIN=${1:-${CARGO_TARGET_DIR:-target}/release/synkronus}
@@ -63,17 +70,32 @@ fi
 
 ready() {
 	for _ in $(seq 1 300); do
-		if curl -fs "http://127.0.0.1:$1/ready" >/dev/null 2>&1; then return 0; fi
+		if curl -fs "http://127.0.0.1:$1${2:-/ready}" >/dev/null 2>&1; then return 0; fi
 		sleep 0.2
 	done
 	echo "cluster: nothing answers on port $1; see $DIR/*.log" >&2
 	return 1
 }
 
+if [ "${CLUSTER_STORAGE:-}" = moto ]; then
+	command -v moto_server >/dev/null || { echo "cluster: moto_server is missing (make test-deps installs it)" >&2; exit 1; }
+	s3_port=$((PORT + 10))
+	moto_server -H 127.0.0.1 -p "$s3_port" >"$DIR/moto.log" 2>&1 &
+	pids+=($!)
+	ready "$s3_port" /
+	curl -fs -X PUT "http://127.0.0.1:$s3_port/synkronus-cluster" >/dev/null
+	export STORAGE_URL=s3://synkronus-cluster AWS_ENDPOINT_URL="http://127.0.0.1:$s3_port" AWS_ALLOW_HTTP=true \
+		AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
+	echo "cluster: moto on port $s3_port, pid $!, bucket synkronus-cluster (in memory)"
+fi
+
 upstreams=""
+port=$PORT
 for name in node-a node-b node-c; do
-	port=$((PORT + ${#pids[@]} + 1))
-	env DB_CONNECTION="$DB_CONNECTION" DATA_ROOT="$DIR/files" NODE_ID="$name" PORT="$port" \
+	port=$((port + 1))
+	data_root="$DIR/files"
+	if [ -n "${STORAGE_URL:-}" ]; then data_root="$DIR/$name"; fi
+	env DB_CONNECTION="$DB_CONNECTION" DATA_ROOT="$data_root" NODE_ID="$name" PORT="$port" \
 		BIND_ADDRESS=127.0.0.1 TRUSTED_PROXIES=127.0.0.1/32 PUBLIC_URL="http://127.0.0.1:$PORT" \
 		"$BIN" serve >"$DIR/$name.log" 2>&1 &
 	pids+=($!)

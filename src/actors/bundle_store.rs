@@ -36,7 +36,7 @@ use crate::domain::bundle::{
     validate_zip, version_manifest, Limits, ManifestFile, ValidatedBundle, VersionView,
 };
 use crate::domain::formspec::KeptFormSpec;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 
 /// How often the active pointer is re-read in case a notification was lost.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -491,11 +491,14 @@ impl Job {
         let manifest_json = serde_json::to_value(&manifest).map_err(ApiError::internal)?;
         let info = Arc::new(VersionInfo::new(&self.files.local_root(), created_at, manifest)?);
 
-        let stored = async {
-            self.files.publish(&version, staging, &push.upload).await?;
-            insert_version(tx, bundle, &info, &manifest_json, push).await
-        }
-        .await;
+        let stored = match self.files.publish(&version, staging, &push.upload).await {
+            // Cleaning up would wait for the store as long again, past a 503's 10 s (docs/api.md
+            // §18.1); files under an id without a row go at its next push or in the orphan sweep.
+            Err(error) if error.code == ErrorCode::ServiceUnavailable => return Err(error),
+            // Else the cleanup below runs under the bundle lock, which `tx` still holds.
+            Err(error) => Err(error),
+            Ok(()) => insert_version(tx, bundle, &info, &manifest_json, push).await,
+        };
         let (activated, warnings) = match stored {
             Ok(stored) => stored,
             Err(error) => {

@@ -99,6 +99,12 @@ fn upload_limit(bytes: u64) -> Duration {
     STORE_TIMEOUT + Duration::from_secs(bytes / (1024 * 1024))
 }
 
+/// An object's name as the key it was written under: object_store encodes only with `%XX`, and
+/// encodes `%` itself, so decoding is exact.
+fn decoded(location: &ObjectPath) -> String {
+    percent_encoding::percent_decode_str(location.as_ref()).decode_utf8_lossy().into_owned()
+}
+
 /// One prefix of a bucket.
 #[derive(Clone)]
 pub struct ObjectArea {
@@ -123,13 +129,20 @@ impl ObjectArea {
         format!("s3://{}/{}", self.bucket, self.prefix)
     }
 
+    /// The object a key names. object_store percent-encodes each `/`-separated part (`%`, `#`,
+    /// `[`, `?`, non-ASCII, …), so the stored name can differ from the key: [`Self::key_of`]
+    /// undoes exactly that, and keys round-trip whatever their characters (bundle files keep
+    /// the names of their ZIP entries).
     fn path(&self, key: &str) -> ObjectPath {
         ObjectPath::from(format!("{}{key}", self.prefix))
     }
 
-    fn key_of(&self, path: &ObjectPath) -> String {
-        let full = path.as_ref();
-        full.strip_prefix(&self.prefix).unwrap_or(full).to_owned()
+    /// The key of a listed object's decoded name: without the area's prefix.
+    fn key_of(&self, name: String) -> String {
+        match name.strip_prefix(&self.prefix) {
+            Some(key) => key.to_owned(),
+            None => name,
+        }
     }
 
     pub(super) async fn put_bytes(&self, key: &str, bytes: Bytes) -> StorageResult<()> {
@@ -234,6 +247,7 @@ impl ObjectArea {
             Some((dir, _)) => ObjectPath::from(dir),
             None => full.clone(),
         };
+        // Compared decoded: the names in a listing are encoded (see `path`).
         let wanted = format!("{}{prefix}", self.prefix);
         // A listing comes in pages: each is bounded, the whole is not (buckets may be big).
         let mut listing = self.store.list(Some(&folder));
@@ -245,9 +259,10 @@ impl ObjectArea {
                 Ok(None) => break,
                 Err(_) => return Err(StorageError::Unavailable("listing stalled".into())),
             };
-            if meta.location.as_ref().starts_with(&wanted) {
+            let name = decoded(&meta.location);
+            if name.starts_with(&wanted) {
                 out.push(Entry {
-                    key: self.key_of(&meta.location),
+                    key: self.key_of(name),
                     size: meta.size,
                     modified: meta.last_modified.into(),
                 });

@@ -1,12 +1,16 @@
 //! Several nodes behind a real load balancer (docs/api.md §18.2): three `synkronus serve`
-//! processes on one database and one data root, and nginx in front of them, round robin, without
+//! processes on one database and one bucket (moto's S3-compatible server, as in the storage
+//! tests), each with a data root of its own, and nginx in front of them, round robin, without
 //! stickiness. Through nginx the cluster must behave as one server: no skipped or repeated change
 //! for cursor-following pullers while devices push, attachments and export jobs readable on
 //! another node than the one that wrote them, a bundle switch served everywhere within 1 s, a
-//! node killed with SIGKILL in a push storm losing no acknowledged push, and the export job of a
-//! node killed with SIGKILL failed by another node within a minute.
+//! node killed with SIGKILL in a push storm losing no acknowledged push, an object store frozen
+//! and then stopped giving 503s (never a 500 or a hang) while sync and the cached bundle keep
+//! working, then recovery, and the export job of a node killed with SIGKILL failed by another
+//! node within a minute.
 //!
-//! nginx comes from `make test-deps` (the Debian package); the test fails, saying so, without it.
+//! nginx comes from `make test-deps` (the Debian package), like moto; the test fails, saying so,
+//! without it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
@@ -22,7 +26,9 @@ use serde_json::{json, Value};
 use crate::crash::{
     absorb_page, finish_storm, retry_and_verify, start_storm, wait_for_acks, REQUEST_TIMEOUT,
 };
-use crate::helpers::{cluster, free_port, fresh_database, small_bundle, Api, ChildServer};
+use crate::helpers::{
+    assert_error, cluster, free_port, fresh_database, small_bundle, Api, ChildServer, S3Server,
+};
 
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 
@@ -148,8 +154,8 @@ async fn attachment_written_on_one_node_is_read_on_another(a: &Api, b: &Api, lb:
     }
 }
 
-/// A bundle activated through `a` is what `others` serve within 1 s.
-async fn bundle_switch_reaches_every_node_within_a_second(a: &Api, others: &[&Api], token: &str) {
+/// A bundle activated through `a` is what `others` serve within 1 s; returns its version.
+async fn bundle_switch_reaches_every_node_within_a_second(a: &Api, others: &[&Api], token: &str) -> String {
     let pushed = a.push_bundle(token, small_bundle("3.1.0", "cluster"), true).await;
     let switched = Instant::now();
     let version = pushed["version"].as_str().expect("version").to_string();
@@ -164,6 +170,7 @@ async fn bundle_switch_reaches_every_node_within_a_second(a: &Api, others: &[&Ap
     }
     let elapsed = switched.elapsed();
     assert!(elapsed <= Duration::from_secs(1), "switch took {elapsed:?}");
+    version
 }
 
 /// More cursor-following pullers through nginx, each on its own cursor; returns what each saw.
@@ -203,14 +210,14 @@ fn extra_pullers(
         .collect()
 }
 
-/// An export job started through `a`, polled through nginx, downloaded through `b`.
+/// An export job started through `a`, polled through nginx, downloaded through `b`; returns its id.
 async fn export_job_started_on_one_node_is_downloaded_on_another(
     a: &Api,
     b: &Api,
     lb: &Api,
     token: &str,
     records: usize,
-) {
+) -> String {
     let (status, job) = a.call(Method::POST, "/dataexport/jobs?format=json", Some(token), None).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{job}");
     let id = job["job_id"].as_str().expect("job id").to_string();
@@ -229,6 +236,194 @@ async fn export_job_started_on_one_node_is_downloaded_on_another(
     assert!(headers.contains_key("x-export-change-id"));
     let lines = std::str::from_utf8(&body).expect("NDJSON").lines().filter(|l| !l.is_empty()).count();
     assert_eq!(lines, records, "one line per pushed record");
+    id
+}
+
+/// How long a request may take while the object store is down (docs/api.md §18.1: a 503 within
+/// 10 s, never a hang): the client gives up after it, failing the test.
+const STORE_DOWN_BOUND: Duration = Duration::from_secs(10);
+
+/// `request` is answered 503 `SERVICE_UNAVAILABLE` with the error body and `Retry-After` within
+/// [`STORE_DOWN_BOUND`]: not a 500, not a hang.
+async fn answers_503(what: &str, request: reqwest::RequestBuilder) {
+    let started = Instant::now();
+    let res = request
+        .timeout(STORE_DOWN_BOUND)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{what}: no answer within {STORE_DOWN_BOUND:?} ({e})"));
+    let (status, retry_after) = (res.status(), res.headers().contains_key("retry-after"));
+    let body: Value = res.json().await.unwrap_or(Value::Null);
+    assert_error(status, &body, 503, "SERVICE_UNAVAILABLE");
+    assert!(retry_after, "{what}: a 503 says when to retry");
+    assert!(started.elapsed() < STORE_DOWN_BOUND, "{what} took {:?}", started.elapsed());
+}
+
+fn bundle_form(bytes: Vec<u8>) -> reqwest::multipart::Form {
+    let part = reqwest::multipart::Part::bytes(bytes).file_name("bundle.zip");
+    reqwest::multipart::Form::new().part("bundle", part)
+}
+
+/// What the nodes must keep serving from their caches while the store is down.
+struct CachedBundle {
+    version: String,
+    zip: Vec<u8>,
+}
+
+/// What the outages are checked through: the two live nodes, nginx, an admin's token, a finished
+/// export job (its file in the store) and the active bundle (in every node's cache).
+struct Outage<'a> {
+    nodes: [&'a Api; 2],
+    lb: &'a Api,
+    token: &'a str,
+    export_job: &'a str,
+    cached: CachedBundle,
+}
+
+/// `apis` with a client that gives up after [`STORE_DOWN_BOUND`].
+fn bounded(apis: &[&Api]) -> Vec<Api> {
+    let client = reqwest::Client::builder().timeout(STORE_DOWN_BOUND).build().expect("client");
+    apis.iter().map(|api| Api::new(api.base.clone(), client.clone())).collect()
+}
+
+/// Waits until every node in `data_roots` holds `version` whole in its bundle cache (a version is
+/// fetched there as soon as it becomes active, docs/storage.md), within 10 s.
+async fn wait_until_cached(data_roots: &[&Path], version: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for root in data_roots {
+        // The ZIP is written last: with it, the version is complete.
+        let zip = root.join("bundle-cache").join("versions").join(format!("{version}.zip"));
+        while !zip.is_file() {
+            assert!(Instant::now() < deadline, "{} never cached the active version", root.display());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The routes that need the store answer 503 through nginx and on each node, all at once;
+/// `/health` says so.
+async fn file_routes_answer_503(apis: &[Api], token: &str, export_job: &str) {
+    futures_util::future::join_all(
+        apis.iter().map(|api| file_routes_answer_503_through(api, token, export_job)),
+    )
+    .await;
+}
+
+async fn file_routes_answer_503_through(api: &Api, token: &str, export_job: &str) {
+    let (c, at) = (&api.client, &api.base);
+    let upload = c.put(api.url("/attachments/outage.bin")).bearer_auth(token).body(&b"new"[..]);
+    answers_503(&format!("upload through {at}"), upload).await;
+    let download = c.get(api.url("/attachments/cluster-photo.jpg")).bearer_auth(token);
+    answers_503(&format!("download through {at}"), download).await;
+    let export = c.get(api.url(&format!("/dataexport/jobs/{export_job}/download"))).bearer_auth(token);
+    answers_503(&format!("export download through {at}"), export).await;
+    let bundle = bundle_form(small_bundle("3.2.0", "outage"));
+    let push = c.post(api.url("/app-bundle/push")).bearer_auth(token).multipart(bundle);
+    answers_503(&format!("bundle push through {at}"), push).await;
+    reports_storage(api, "down").await;
+}
+
+/// Sync does not touch the store: a push through nginx is applied and pulled through nginx.
+async fn sync_works_without_the_store(lb: &Api, token: &str, outage: &str) {
+    let id = format!("{outage}-obs");
+    let push = json!({"transmission_id": outage, "client_id": "outage-device", "records": [
+        {"observation_id": id, "form_type": "ft", "form_version": "1", "data": {"k": 1}}]});
+    let (status, body) = lb.push(token, push).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (records, _) = lb.pull_all(token, "outage-puller", 0, 500).await;
+    assert!(records.iter().any(|r| r["observation_id"] == id.as_str()), "the push is pulled");
+}
+
+async fn reports_storage(api: &Api, state: &str) {
+    let (status, body) = api.call(Method::GET, "/health", None, None).await;
+    assert_eq!(status, StatusCode::OK, "the database is up: {body}");
+    assert_eq!((body["status"].as_str(), body["storage"].as_str()), (Some("OK"), Some(state)), "{body}");
+}
+
+/// A store that accepts connections and answers nothing (moto frozen with SIGSTOP) is what a
+/// client timeout must never see: one request of each route that needs it, at once on different
+/// nodes, answers 503 within 10 s, while sync and the cached bundle keep working. Resumed, the
+/// store serves what it held: the attachment written before reads again.
+async fn a_frozen_store_gives_503s_then_serves_again(s3: &S3Server, o: &Outage<'_>) {
+    let (token, export_job) = (o.token, o.export_job);
+    let [a, b, via_lb]: [Api; 3] = bounded(&[o.nodes[0], o.nodes[1], o.lb]).try_into().ok().expect("three");
+    s3.freeze();
+    let upload = a.client.put(a.url("/attachments/frozen.bin")).bearer_auth(token).body(&b"new"[..]);
+    let download = b.client.get(b.url("/attachments/cluster-photo.jpg")).bearer_auth(token);
+    let export = via_lb.client.get(via_lb.url(&format!("/dataexport/jobs/{export_job}/download")));
+    let bundle = bundle_form(small_bundle("3.2.0", "frozen"));
+    let push = via_lb.client.post(via_lb.url("/app-bundle/push")).bearer_auth(token).multipart(bundle);
+    futures_util::join!(
+        answers_503("upload to a frozen store", upload),
+        answers_503("download from a frozen store", download),
+        answers_503("export download from a frozen store", export.bearer_auth(token)),
+        answers_503("bundle push to a frozen store", push),
+        reports_storage(&via_lb, "down"),
+        sync_works_without_the_store(&via_lb, token, "frozen"),
+        cached_bundle_is_served(std::slice::from_ref(&via_lb), token, &o.cached),
+    );
+    s3.thaw();
+    let deadline = Instant::now() + STORE_DOWN_BOUND;
+    loop {
+        let (status, _, bytes) = via_lb.get_bytes(token, "/attachments/cluster-photo.jpg").await;
+        if status == StatusCode::OK {
+            assert_eq!(bytes.len(), 700_000);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the resumed store is not read again: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The active version's manifest, a file and its ZIP, from each node's cache.
+async fn cached_bundle_is_served(apis: &[Api], token: &str, cached: &CachedBundle) {
+    for api in apis {
+        let (status, body) = api.call(Method::GET, "/app-bundle/manifest", Some(token), None).await;
+        assert_eq!((status, body["version"].as_str()), (StatusCode::OK, Some(cached.version.as_str())));
+        let (status, _, html) = api.get_bytes(token, "/app-bundle/download/app/index.html").await;
+        assert_eq!((status, html), (StatusCode::OK, b"<html>cluster</html>".to_vec()), "{}", api.base);
+        let (status, _, zip) = api.get_bytes(token, "/app-bundle/download-zip").await;
+        assert_eq!(status, StatusCode::OK, "{}", api.base);
+        assert!(zip == cached.zip, "the cached ZIP through {} differs", api.base);
+    }
+}
+
+/// The store stopped while the cluster runs (docs/storage.md, "Outage behaviour"): connections
+/// refused. Then it is started again on the same port. moto keeps objects in memory, so the
+/// restarted store is empty: its bucket is created again and recovery is shown with new files,
+/// written and read across nodes.
+async fn an_object_store_outage_gives_503s_and_recovers(s3: &mut S3Server, bucket: &str, o: &Outage<'_>) {
+    let (nodes, lb, token) = (o.nodes, o.lb, o.token);
+    // nginx twice: with node C dead it alternates over A and B; then each node directly.
+    let apis = bounded(&[lb, lb, nodes[0], nodes[1]]);
+    let port = s3.port;
+    s3.stop();
+    file_routes_answer_503(&apis, token, o.export_job).await;
+    sync_works_without_the_store(lb, token, "stopped").await;
+    cached_bundle_is_served(&apis, token, &o.cached).await;
+
+    *s3 = S3Server::start_on(port).await;
+    s3.create_bucket(bucket).await;
+    let deadline = Instant::now() + STORE_DOWN_BOUND;
+    for api in &apis[2..] {
+        while api.call(Method::GET, "/health", None, None).await.1["storage"] != "up" {
+            assert!(Instant::now() < deadline, "{} still reports the store down", api.base);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let bytes: Vec<u8> = (0..300_000usize).map(|i| (i * 7 % 253) as u8).collect();
+    let (status, body) = nodes[0].put_bytes(token, "/attachments/after-outage.bin", &bytes, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for api in [nodes[1], lb] {
+        let (status, _, got) = api.get_bytes(token, "/attachments/after-outage.bin").await;
+        assert!(
+            status == StatusCode::OK && got == bytes,
+            "read after recovery through {}: {status}",
+            api.base
+        );
+    }
+    let pushed = lb.push_bundle(token, small_bundle("3.2.0", "recovered"), false).await;
+    assert_eq!(pushed["active"], false, "{pushed}");
 }
 
 /// An export job queued on `node`, named `name` (its only export slot held by a streamed export nobody reads)
@@ -278,18 +473,25 @@ async fn a_job_whose_node_is_killed_becomes_failed(
 async fn three_nodes_behind_nginx_behave_as_one_server() {
     let db = fresh_database().await;
     let db_conn = cluster().connection_string(&db);
+    let mut s3 = S3Server::start().await;
+    let bucket = s3.bucket().await;
+    let s3_env = s3.env(&bucket);
     let scratch = tempfile::tempdir().expect("scratch");
     // nginx's workers run as another user when the test runs as root.
     std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod scratch");
-    let data_root = scratch.path().join("data");
-    std::fs::create_dir_all(&data_root).expect("data root");
     let mut nodes = Vec::new();
+    let mut data_roots = Vec::new();
     for name in NODES {
+        // A disk of its own per node: the database and the bucket are all they share.
+        let data_root = scratch.path().join(name);
+        std::fs::create_dir_all(&data_root).expect("data root");
         let log = scratch.path().join(format!("{name}.log"));
         // node-b has one export slot, for the job that its death must fail.
         let slots = if name == "node-b" { "1" } else { "2" };
-        let env = [("NODE_ID", name), ("DB_POOL_SIZE", "8"), ("EXPORT_MAX_CONCURRENT", slots)];
+        let mut env = vec![("NODE_ID", name), ("DB_POOL_SIZE", "8"), ("EXPORT_MAX_CONCURRENT", slots)];
+        env.extend(s3_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         nodes.push(ChildServer::start(&db_conn, &data_root, log, &env).await);
+        data_roots.push(data_root);
     }
     let ports: Vec<u16> = nodes
         .iter()
@@ -306,7 +508,8 @@ async fn three_nodes_behind_nginx_behave_as_one_server() {
     let token = lb.admin_token().await;
 
     attachment_written_on_one_node_is_read_on_another(&nodes[0], &nodes[1], &lb, &token).await;
-    bundle_switch_reaches_every_node_within_a_second(&nodes[0], &[&nodes[1], &nodes[2]], &token).await;
+    let version =
+        bundle_switch_reaches_every_node_within_a_second(&nodes[0], &[&nodes[1], &nodes[2]], &token).await;
 
     // A push storm and cursor-following pullers through nginx; node C dies with SIGKILL mid-storm.
     let storm = start_storm(&lb, &token, false);
@@ -342,8 +545,26 @@ async fn three_nodes_behind_nginx_behave_as_one_server() {
         assert_eq!(seen, expected, "a puller skipped or misplaced a change");
     }
 
-    export_job_started_on_one_node_is_downloaded_on_another(&nodes[0], &nodes[1], &lb, &token, all.len())
+    let export_job =
+        export_job_started_on_one_node_is_downloaded_on_another(&nodes[0], &nodes[1], &lb, &token, all.len())
+            .await;
+
+    // The object store hangs, then stops, under the two live nodes, and comes back each time.
+    wait_until_cached(&[&data_roots[0], &data_roots[1]], &version).await;
+    let cached = CachedBundle { version, zip: small_bundle("3.1.0", "cluster") };
+    let outage = Outage {
+        nodes: [&nodes[0].api, &nodes[1].api],
+        lb: &lb,
+        token: &token,
+        export_job: &export_job,
+        cached,
+    };
+    a_frozen_store_gives_503s_then_serves_again(&s3, &outage).await;
+    an_object_store_outage_gives_503s_and_recovers(&mut s3, &bucket, &outage).await;
+    // Two more records (pushed during the outages): an export job runs and downloads as before.
+    export_job_started_on_one_node_is_downloaded_on_another(&nodes[1], &nodes[0], &lb, &token, all.len() + 2)
         .await;
+
     a_job_whose_node_is_killed_becomes_failed(&mut nodes[1], NODES[1], &lb, &token).await;
     drop(nginx);
     drop(nodes);

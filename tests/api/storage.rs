@@ -9,7 +9,7 @@ use serde_json::json;
 use synkronus::config::Config;
 use synkronus::storage::{Area, Storage, StorageError, StorageUrl};
 
-use crate::helpers::{small_bundle, test_env, S3Server, TestApp};
+use crate::helpers::{small_bundle, test_env, zip_bytes, S3Server, TestApp};
 
 fn config(env: &[(String, String)]) -> Config {
     let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -75,6 +75,41 @@ async fn contract(area: &Area) {
     let copy = scratch.path().join("copy");
     area.fetch_to("b/big", &copy).await.expect("fetch");
     assert!(std::fs::read(&copy).expect("copy") == big);
+    keys_round_trip_whatever_their_characters(area).await;
+}
+
+/// Names a bundle's ZIP entries may carry (docs/api.md §9.2 refuses only control characters,
+/// backslashes and `.`/`..`/empty segments), some of which object_store percent-encodes: a
+/// listing gives back exactly the keys written, so the sweep, gc and copy can use them.
+async fn keys_round_trip_whatever_their_characters(area: &Area) {
+    let names = [
+        "odd/100% sure #1.txt",
+        "odd/[draft] {v2}^~`|.json",
+        "odd/what?*<\"quoted\">.html",
+        "odd/a%2Fb%25c",
+        "odd/sub dir/ünïcödé ✓.png",
+        "odd/.hidden/..dots../x.y",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        area.put_bytes(name, Bytes::from(format!("file {i}"))).await.expect("put an odd name");
+    }
+    let again = area.put_bytes(names[0], Bytes::from_static(b"other")).await;
+    assert!(matches!(again, Err(StorageError::AlreadyExists(_))), "{again:?}");
+    let mut listed: Vec<String> = area.list("odd/").await.expect("list").into_iter().map(|e| e.key).collect();
+    listed.sort();
+    let mut expected: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    expected.sort();
+    assert_eq!(listed, expected, "a listing gives back the keys as written");
+    assert_eq!(area.list("odd/100% ").await.expect("list").len(), 1, "a beginning with odd characters");
+    // Every listed key reads, sizes and deletes: it names the file it was listed for.
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(read(area, name, None).await, format!("file {i}").as_bytes(), "{name}");
+        assert_eq!(area.head(name).await.expect("head"), Some(format!("file {i}").len() as u64));
+    }
+    for key in &listed {
+        area.delete(key).await.expect("delete a listed key");
+    }
+    assert!(area.list("odd/").await.expect("list").is_empty(), "every listed key deleted its file");
 }
 
 #[actix_web::test]
@@ -205,14 +240,7 @@ async fn an_object_store_outage_gives_503s_keeps_sync_and_cached_bundles_and_rec
 
     // Back again (a new, empty store at the same address): uploads work at once.
     let restarted = S3Server::start_on(port).await;
-    let bucket = bucket_of(&app);
-    let status = reqwest::Client::new()
-        .put(format!("{}/{bucket}", restarted.endpoint))
-        .send()
-        .await
-        .expect("bucket")
-        .status();
-    assert!(status.is_success());
+    restarted.create_bucket(&bucket_of(&app)).await;
     let (status, body) = app.put_bytes(&admin, "/attachments/b.bin", b"new", None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, _, bytes) = app.get_bytes(&admin, "/attachments/b.bin").await;
@@ -255,6 +283,39 @@ async fn storage_copy_moves_a_deployment_to_s3_resumably() {
     assert_eq!((status, bytes), (StatusCode::OK, b"moved bytes".to_vec()));
     let (status, _, bytes) = moved.get_bytes(&admin, "/app-bundle/download/app/index.html").await;
     assert_eq!((status, bytes), (StatusCode::OK, b"<html>moved</html>".to_vec()));
+}
+
+/// A bundle whose files have names the S3 client escapes: served, copied to local folders under
+/// the same names, and removed whole by retention (docs/storage.md, "Tests").
+#[actix_web::test]
+async fn bundle_files_with_escaped_names_are_served_copied_and_removed_on_s3() {
+    let app = TestApp::with_s3(&[("MAX_VERSIONS_KEPT", "1")]).await;
+    let admin = app.admin_token().await;
+    let odd = "app/img/100% #1 [ünï].png";
+    let manifest = json!({"version": "20250101-000020", "name": "S", "entryPoint": "app/index.html"});
+    let bundle = zip_bytes(&[
+        ("manifest.json", manifest.to_string().as_bytes()),
+        ("app/index.html", b"<html>odd</html>"),
+        (odd, b"odd bytes"),
+        ("forms/household/schema.json", br#"{"type": "object"}"#),
+        ("forms/household/ui.json", br#"{"type": "VerticalLayout", "elements": []}"#),
+    ]);
+    app.push_bundle(&admin, bundle, true).await;
+    let url = "/app-bundle/download/app/img/100%25%20%231%20%5B%C3%BCn%C3%AF%5D.png";
+    let (status, _, bytes) = app.get_bytes(&admin, url).await;
+    assert_eq!((status, bytes), (StatusCode::OK, b"odd bytes".to_vec()));
+
+    let root = tempfile::tempdir().expect("root");
+    let target = storage_at(&[("STORAGE_URL".into(), format!("file://{}", root.path().display()))]);
+    let scratch = tempfile::tempdir().expect("scratch");
+    synkronus::storage::ops::copy_all(&app.state.storage, &target, scratch.path()).await.expect("copy");
+    let copied = root.path().join("app-bundles/versions/20250101-000020").join(odd);
+    assert_eq!(std::fs::read(&copied).expect("copied under its own name"), b"odd bytes");
+
+    // Retention removes the version whole: no escaped name is left behind.
+    app.push_bundle(&admin, small_bundle("20250101-000021", "next"), true).await;
+    let left = app.state.storage.bundles.list("versions/20250101-000020").await.expect("list");
+    assert!(left.is_empty(), "{:?}", left.iter().map(|e| &e.key).collect::<Vec<_>>());
 }
 
 #[actix_web::test]

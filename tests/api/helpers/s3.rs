@@ -39,6 +39,12 @@ impl S3Server {
     /// A new bucket with a unique name.
     pub async fn bucket(&self) -> String {
         let name = format!("synk-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+        self.create_bucket(&name).await;
+        name
+    }
+
+    /// Creates `name` (again, after a restart: moto keeps its buckets in memory).
+    pub async fn create_bucket(&self, name: &str) {
         let status = reqwest::Client::new()
             .put(format!("{}/{name}", self.endpoint))
             .send()
@@ -46,7 +52,6 @@ impl S3Server {
             .expect("create bucket")
             .status();
         assert!(status.is_success(), "create bucket: {status}");
-        name
     }
 
     /// The variables that point a server at `bucket` of this store.
@@ -62,6 +67,22 @@ impl S3Server {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect()
+    }
+
+    /// Freezes the process (SIGSTOP): its port still accepts connections, nothing is answered,
+    /// as from a store that hangs; [`S3Server::thaw`] resumes it with its data.
+    pub fn freeze(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    pub fn thaw(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let child = self.child.as_ref().expect("moto_server runs");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal moto_server");
     }
 
     /// Stops the process (an outage); the data it held is gone.
