@@ -281,11 +281,17 @@ impl Handler<Store> for AttachmentStore {
             // still decides every race.
             let existing = attachments::find(&no_reset_anywhere, &msg.id).await?;
             if let Some(row) = existing {
-                return if row.sha256 == msg.staged.sha256 {
-                    Ok(AttachmentCommit { row, created: false })
-                } else {
-                    Err(ApiError::of(ErrorCode::AttachmentExists))
-                };
+                if row.sha256 != msg.staged.sha256 {
+                    return Err(ApiError::of(ErrorCode::AttachmentExists));
+                }
+                // A store that lost the blob (a restore from an older bucket snapshot, an
+                // operator's mistake) is repaired by the device re-sending the same bytes.
+                let key = blob_key(&row.sha256);
+                if area.head(&key).await?.is_none() {
+                    tracing::warn!(attachment = %row.id, "stored file was missing; the identical re-upload restored it");
+                    put_content(&area, &key, msg.staged.temp.path()).await?;
+                }
+                return Ok(AttachmentCommit { row, created: false });
             }
             let Store { staged, id, content_type, uploaded_by, client_id } = msg;
             crate::monitoring::attachment_uploaded(staged.size);

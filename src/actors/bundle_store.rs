@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use files::{remove_stale_staging, unpack, BundleFiles};
 pub use files::{staging_dir, version_prefix, zip_key};
-use insert::{free_version_id, insert_version, now_micros};
+use insert::{free_version_id, insert_version, now_micros, remove_unrecorded};
 pub use version::VersionInfo;
 
 use crate::db;
@@ -491,20 +491,21 @@ impl Job {
         let manifest_json = serde_json::to_value(&manifest).map_err(ApiError::internal)?;
         let info = Arc::new(VersionInfo::new(&self.files.local_root(), created_at, manifest)?);
 
-        let stored = match self.files.publish(&version, staging, &push.upload).await {
+        if let Err(error) = self.files.publish(&version, staging, &push.upload).await {
             // Cleaning up would wait for the store as long again, past a 503's 10 s (docs/api.md
             // §18.1); files under an id without a row go at its next push or in the orphan sweep.
-            Err(error) if error.code == ErrorCode::ServiceUnavailable => return Err(error),
-            // Else the cleanup below runs under the bundle lock, which `tx` still holds.
-            Err(error) => Err(error),
-            Ok(()) => insert_version(tx, bundle, &info, &manifest_json, push).await,
-        };
-        let (activated, warnings) = match stored {
-            Ok(stored) => stored,
-            Err(error) => {
+            // Otherwise `tx` still holds the bundle lock: no other push can have taken this id.
+            if error.code != ErrorCode::ServiceUnavailable {
                 if let Err(e) = self.files.unpublish(&version).await {
                     tracing::warn!(error = %e, %version, "cannot remove the files of a failed app bundle upload");
                 }
+            }
+            return Err(error);
+        }
+        let (activated, warnings) = match insert_version(tx, bundle, &info, &manifest_json, push).await {
+            Ok(stored) => stored,
+            Err(error) => {
+                remove_unrecorded(&self.pool, &self.files, &version).await;
                 return Err(error);
             }
         };

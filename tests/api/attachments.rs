@@ -208,6 +208,26 @@ pub(crate) async fn reuploads_are_idempotent_and_conflicts_keep_the_stored_bytes
     assert_eq!(tmp_files(&app), 0);
 }
 
+/// A blob the store lost comes back when a device sends the same bytes again.
+#[actix_web::test]
+async fn an_identical_reupload_restores_a_lost_file() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let bytes = random_bytes(5_000);
+    let (status, first) = app.put_bytes(&admin, "/attachments/lost.bin", &bytes, None).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let hash = sha(&bytes);
+    let blob = app.data_root.path().join("attachments").join("blobs").join(&hash[..2]).join(&hash);
+    std::fs::remove_file(&blob).expect("lose the blob");
+    assert_eq!(app.get_bytes(&admin, "/attachments/lost.bin").await.0, StatusCode::NOT_FOUND);
+
+    let (status, again) = app.put_bytes(&admin, "/attachments/lost.bin", &bytes, None).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["created"], false);
+    assert_eq!(again["change_id"], first["change_id"], "no new change: the record was never lost");
+    assert!(app.get_bytes(&admin, "/attachments/lost.bin").await.2 == bytes, "the file is back");
+}
+
 #[actix_web::test]
 async fn racing_uploads_of_one_id_store_exactly_one() {
     let app = TestApp::spawn().await;

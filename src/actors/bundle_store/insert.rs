@@ -2,9 +2,10 @@
 //! activation, form registration and the audit entries) in the push's transaction.
 
 use chrono::{DateTime, Timelike, Utc};
-use deadpool_postgres::{GenericClient, Transaction};
+use deadpool_postgres::{GenericClient, Pool, Transaction};
 use serde_json::Value;
 
+use super::files::BundleFiles;
 use super::{Push, VersionInfo};
 use crate::db;
 use crate::domain::audit::push_entries;
@@ -78,4 +79,23 @@ pub(super) async fn insert_version(
 pub(super) fn now_micros() -> DateTime<Utc> {
     let now = Utc::now();
     now.with_nanosecond(now.nanosecond() / 1_000 * 1_000).unwrap_or(now)
+}
+
+/// Removes the files of a version whose row insert failed. That transaction has ended and with it
+/// the bundle lock, so this takes the lock again and leaves the files alone if another push has
+/// recorded the same id meanwhile.
+pub(super) async fn remove_unrecorded(pool: &Pool, files: &BundleFiles, version: &str) {
+    let result = async {
+        let mut client = pool.get().await?;
+        let tx = client.transaction().await?;
+        db::bundles::lock(&tx).await?;
+        if db::bundles::find(&tx, version).await?.is_none() {
+            files.unpublish(version).await?;
+        }
+        ApiResult::Ok(())
+    }
+    .await;
+    if let Err(error) = result {
+        tracing::warn!(%error, %version, "cannot remove the files of a failed app bundle upload");
+    }
 }
