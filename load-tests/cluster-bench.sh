@@ -7,11 +7,13 @@
 # PHASE is any of push (push storm, single node / 3 nodes behind nginx / 1 node behind nginx,
 # alternated, two rounds), sync (initial sync and bundle manifests, direct and through nginx,
 # alternated), s3 (attachments: S3 backend, moto alone, local files, alternated, two rounds,
-# server RSS sampled); default all three. Ports: BASE_PORT nginx, +1..+3 the nodes, +10 moto.
+# server RSS sampled), profile (PostgreSQL wait events and group-commit sizes of a push storm,
+# single node and 3 nodes); default push sync s3. Ports: BASE_PORT nginx, +1..+3 the nodes, +10 moto.
 # The database is a private PostgreSQL cluster (Debian's binaries, default settings but
 # max_connections=200) under WORK_DIR/pg, a fresh database per run; every node of a run shares one
 # data root. Reports go to WORK_DIR/results, `uptime` before each run to WORK_DIR/results/load.txt.
-# NGINX_KEEPALIVE=N adds `keepalive N;` to the upstream block (default: none, as docs/deploy.md).
+# The balancer runs twice: docs/deploy.md's configuration on BASE_PORT, and the same with
+# `keepalive 64;` in the upstream block (connections to the nodes reused) on BASE_PORT+4.
 # Only the processes this script starts are stopped, by pid.
 set -uo pipefail
 
@@ -23,6 +25,9 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 R=$W/results
 export JWT_SECRET=bench-secret-bench-secret-bench-secret-0123 LOG_LEVEL=warn
 mkdir -p "$W/pg" "$W/sock" "$R"
+exec {trace}>"$R/trace.log"
+BASH_XTRACEFD=$trace
+set -x
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 if [ "$(id -u)" = 0 ]; then chown postgres "$W/pg" "$W/sock"; fi
 
@@ -31,7 +36,8 @@ pg_started=""
 stop_all() { # the nodes, nginx and moto of the current run
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 	for p in "${pids[@]}"; do
-		for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+		for _ in $(seq 1 300); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+		kill -KILL "$p" 2>/dev/null
 	done
 	pids=()
 }
@@ -66,12 +72,13 @@ node() { # name port db data_root [env...]: starts one node, its pid appended to
 	ready "$port"
 }
 
-balancer() { # upstream ports...: nginx on PORT, round robin, docs/deploy.md's configuration
-	local d=$W/nginx ups=""
+balancer() { # listen_port keepalive upstream_ports...: nginx, round robin, docs/deploy.md's configuration
+	local listen=$1 keepalive=$2 d=$W/nginx-$1 ups=""
+	shift 2
 	rm -rf "$d"
 	mkdir -p "$d"
 	for u in "$@"; do ups+="    server 127.0.0.1:$u;"$'\n'; done
-	[ -n "${NGINX_KEEPALIVE:-}" ] && ups+="    keepalive $NGINX_KEEPALIVE;"$'\n'
+	if [ "$keepalive" -gt 0 ]; then ups+="    keepalive $keepalive;"$'\n'; fi
 	cat >"$d/nginx.conf" <<EOF
 daemon off;
 worker_processes 1;
@@ -89,7 +96,7 @@ http {
   upstream synkronus {
 $ups  }
   server {
-    listen 127.0.0.1:$PORT;
+    listen 127.0.0.1:$listen;
     location / {
       proxy_pass http://synkronus;
       proxy_http_version 1.1;
@@ -105,11 +112,12 @@ $ups  }
 EOF
 	"$NGINX" -c "$d/nginx.conf" -p "$d" -e "$d/error.log" &
 	pids+=($!)
-	ready "$PORT"
+	ready "$listen"
 }
 
-# setup label: single (one node, direct), cluster (3 nodes behind nginx), nginx1 (1 node behind
-# nginx). Starts it on a fresh database and data root; the URL to load goes to $url.
+# setup label: single (one node, direct), cluster (3 nodes behind nginx), cluster_ka (the same,
+# nginx keeping connections to the nodes), nginx1 (1 node behind nginx). Starts it on a fresh
+# database and data root; the URL to load goes to $url (nginx_ka: the keepalive balancer's).
 setup() {
 	local label=$1 db root=$W/data-$1
 	db=$(fresh_db "bench_$1")
@@ -117,27 +125,47 @@ setup() {
 	mkdir -p "$root"
 	case $label in
 	single) node node-a $((PORT + 1)) "$db" "$root" && url=http://127.0.0.1:$((PORT + 1)) ;;
-	nginx1) node node-a $((PORT + 1)) "$db" "$root" && balancer $((PORT + 1)) && url=http://127.0.0.1:$PORT ;;
-	cluster)
+	nginx1) node node-a $((PORT + 1)) "$db" "$root" && balancer "$PORT" 0 $((PORT + 1)) && url=http://127.0.0.1:$PORT ;;
+	cluster | cluster_ka)
 		node node-a $((PORT + 1)) "$db" "$root" && node node-b $((PORT + 2)) "$db" "$root" &&
-			node node-c $((PORT + 3)) "$db" "$root" && balancer $((PORT + 1)) $((PORT + 2)) $((PORT + 3)) &&
-			url=http://127.0.0.1:$PORT
+			node node-c $((PORT + 3)) "$db" "$root" &&
+			balancer "$PORT" 0 $((PORT + 1)) $((PORT + 2)) $((PORT + 3)) &&
+			balancer $((PORT + 4)) 64 $((PORT + 1)) $((PORT + 2)) $((PORT + 3)) || return 1
+		if [ "$label" = cluster_ka ]; then url=http://127.0.0.1:$((PORT + 4)); else url=http://127.0.0.1:$PORT; fi
 		;;
 	esac
 }
 
+cpu_ticks() { # label pid...: utime+stime clock ticks of the pids and of all PostgreSQL processes
+	local label=$1 total=0 pg=0 p
+	shift
+	for p in "$@"; do total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done
+	local pm
+	pm=$(head -n 1 "$W/pg/postmaster.pid")
+	for p in "$pm" $(pgrep -P "$pm"); do
+		pg=$((pg + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+	done
+	echo "$label $total $pg"
+}
+
 load() { # tag, then synkronus-load arguments
-	local tag=$1
+	local tag=$1 rc before after
 	shift
 	echo "$(date -u +%FT%TZ) $tag: $(uptime)" >>"$R/load.txt"
+	before=$(cpu_ticks x "${pids[@]}")
 	"$LOAD" --out "$R" --no-progress "$@" >"$R/$tag.txt" 2>&1
-	echo "$tag: exit $? $(grep -E 'records_per_sec|upload_p99_ms|large_download_mb_per_sec|etag_hit_requests_per_sec|rss_mib|violations' "$R/$tag.txt" | tr -s ' ' | tr '\n' ' ')"
+	rc=$?
+	after=$(cpu_ticks x "${pids[@]}")
+	# CPU seconds the run cost the servers (nodes, nginx, moto) and this PostgreSQL cluster: on a shared,
+	# saturated machine the cost per record compares better than the rate.
+	echo "$tag $before $after" | awk '{printf "%s servers_cpu_s %.1f postgres_cpu_s %.1f\n", $1, ($6-$3)/100, ($7-$4)/100}' >>"$R/cpu.txt"
+	echo "$tag: exit $rc $(grep -E 'records_per_sec|upload_p99_ms|large_download_mb_per_sec|etag_hit_requests_per_sec|rss_mib|violations' "$R/$tag.txt" | tr -s ' ' | tr '\n' ' ')"
 }
 
 phase_push() {
 	for round in 1 2; do
-		for label in single cluster nginx1; do
-			setup $label || return 1
+		for label in single cluster cluster_ka nginx1; do
+			setup $label || { stop_all; continue; }
 			load "push-$label-$round" --base-url "$url" push-storm --devices 64 --batch 50 --duration 20
 			stop_all
 		done
@@ -148,21 +176,55 @@ phase_sync() {
 	setup cluster || return 1
 	load sync-seed --base-url "$url" seed --records 300000 --form-type load_seed
 	sleep 5
+	local via u
+	declare -A via_url=([direct]=http://127.0.0.1:$((PORT + 1)) [nginx]=http://127.0.0.1:$PORT
+		[nginx_ka]=http://127.0.0.1:$((PORT + 4)))
 	for round in 1 2; do
-		for via in direct nginx; do
-			local u=$url
-			[ $via = direct ] && u=http://127.0.0.1:$((PORT + 1))
+		for via in direct nginx nginx_ka; do
+			u=${via_url[$via]}
 			load "sync-$via-$round" --base-url "$u" initial-sync --records 300000 --form-type load_seed
 		done
 	done
 	for round in 1 2; do
-		for via in direct nginx; do
-			local u=$url
-			[ $via = direct ] && u=http://127.0.0.1:$((PORT + 1))
+		for via in direct nginx nginx_ka; do
+			u=${via_url[$via]}
 			load "bundle-$via-$round" --base-url "$u" bundle-switch --devices 50 --switches 5 --etag-secs 10
 		done
 	done
 	stop_all
+}
+
+# Where the time of a push storm goes, single node against three: PostgreSQL's wait events of
+# the run's sessions sampled every 0.1 s, and each node's group-commit sizes from /metrics.
+phase_profile() {
+	local label db ports port t
+	for label in single cluster_ka; do
+		setup $label || return 1
+		db=bench_$label
+		sample_waits "$db" >"$R/waits-$label.txt" &
+		local sampler=$!
+		load "profile-$label" --base-url "$url" push-storm --devices 64 --batch 50 --duration 20
+		kill "$sampler"
+		ports=$((PORT + 1))
+		[ $label = cluster_ka ] && ports="$((PORT + 1)) $((PORT + 2)) $((PORT + 3))"
+		for port in $ports; do
+			t=$(curl -s "http://127.0.0.1:$port/auth/login" -d '{"username":"admin","password":"admin"}' |
+				sed -E 's/.*"token":"([^"]*)".*/\1/')
+			curl -s "http://127.0.0.1:$port/metrics" -H "Authorization: Bearer $t" |
+				grep -E '^synkronus_changelog_group_commit_size_(sum|count)' | sed "s/^/$port /"
+		done >"$R/groups-$label.txt"
+		stop_all
+	done
+}
+
+sample_waits() { # database: one line per active session and sample, "wait_event_type:wait_event"
+	while true; do
+		as_pg "$PG_BIN/psql" -h "$W/sock" -U synkronus -d "$1" -tAc "SELECT coalesce(wait_event_type, 'CPU') || ':' ||
+			coalesce(wait_event, 'running') || ' ' || left(regexp_replace(query, '\s+', ' ', 'g'), 40)
+			FROM pg_stat_activity WHERE datname = current_database() AND state = 'active'
+			AND pid <> pg_backend_pid()"
+		sleep 0.1
+	done
 }
 
 moto() { # starts moto on PORT+10 with bucket `bench`
