@@ -119,7 +119,8 @@ http {
   uwsgi_temp_path $DIR/nginx/uwsgi;
   scgi_temp_path $DIR/nginx/scgi;
   upstream synkronus {
-$upstreams  }
+$upstreams    keepalive 64;
+  }
   server {
     listen 127.0.0.1:$PORT;
     location / {

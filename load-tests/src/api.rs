@@ -332,11 +332,23 @@ impl Api {
     where
         F: Fn(&Client, &str) -> RequestBuilder,
     {
+        self.exec_stream_as(kind, true, build).await
+    }
+
+    /// `exec_stream` with or without the bearer token (`--direct` talks to an object store).
+    pub async fn exec_stream_as<F>(&self, kind: &str, auth: bool, build: F) -> Result<Streamed, Fail>
+    where
+        F: Fn(&Client, &str) -> RequestBuilder,
+    {
         let mut retried = false;
         loop {
             let token = self.token();
             let start = Instant::now();
-            let r = match build(&self.http, &token).bearer_auth(&*token).send().await {
+            let mut rb = build(&self.http, &token);
+            if auth {
+                rb = rb.bearer_auth(&*token);
+            }
+            let r = match rb.send().await {
                 Ok(r) => r,
                 Err(e) => {
                     self.stats.record(kind, start, transport_outcome(&e));
@@ -344,7 +356,7 @@ impl Api {
                 }
             };
             let status = r.status().as_u16();
-            if status == 401 && !retried {
+            if status == 401 && auth && !retried {
                 retried = true;
                 let _ = r.bytes().await;
                 if self.relogin_if_stale(&token).await {

@@ -294,6 +294,16 @@ pub struct AttachmentArgs {
     /// Concurrent large-file downloads.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub download_concurrency: u64,
+    /// Server process ids whose resident memory is sampled throughout (summed; repeatable):
+    /// the before, per-phase peak and after figures show whether files are buffered whole.
+    #[arg(long = "rss-pid")]
+    pub rss_pids: Vec<u32>,
+    /// Talk to an S3-compatible object store directly instead of a server: --base-url is
+    /// `http://host:port/BUCKET`, uploads are unsigned `PUT` with `If-None-Match: *`, downloads
+    /// `GET` (no login, no manifest checks). The same phases and concurrency, so the store's own
+    /// cost can be told apart from the server's.
+    #[arg(long)]
+    pub direct: bool,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]

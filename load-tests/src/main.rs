@@ -7,6 +7,7 @@ mod cli;
 mod payload;
 mod progress;
 mod report;
+mod rss;
 mod scenarios;
 mod stats;
 mod target;
@@ -57,8 +58,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let progress = progress::Progress::new(!common.no_progress, stats.clone());
     let ctx = Arc::new(Ctx::new(api.clone(), stats.clone(), common.clone(), progress));
 
-    // db-ceiling talks to PostgreSQL only; every other scenario logs in first.
-    let needs_login = !matches!(cli.cmd, Cmd::DbCeiling(_));
+    // db-ceiling talks to PostgreSQL only, `attachments --direct` to an object store.
+    let needs_login =
+        !matches!(&cli.cmd, Cmd::DbCeiling(_) | Cmd::Attachments(cli::AttachmentArgs { direct: true, .. }));
     let work = {
         let ctx = ctx.clone();
         async move {
