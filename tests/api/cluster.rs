@@ -51,7 +51,8 @@ struct Nginx {
 }
 
 impl Nginx {
-    /// Round robin over `upstreams`, no stickiness, bodies streamed both ways (no buffering).
+    /// Round robin over `upstreams`, no stickiness, bodies streamed both ways (no buffering),
+    /// connections to the nodes kept open: docs/deploy.md's configuration.
     fn config(prefix: &Path, port: u16, upstreams: &[u16]) -> String {
         let p = prefix.display();
         let servers: String = upstreams.iter().map(|u| format!("    server 127.0.0.1:{u};\n")).collect();
@@ -61,7 +62,7 @@ impl Nginx {
              http {{\n  access_log off;\n  client_max_body_size 0;\n\
              client_body_temp_path {p}/client_body;\n  proxy_temp_path {p}/proxy;\n\
              fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
-             upstream synkronus {{\n{servers}  }}\n\
+             upstream synkronus {{\n{servers}    keepalive 64;\n  }}\n\
              server {{\n    listen 127.0.0.1:{port};\n    location / {{\n\
              proxy_pass http://synkronus;\n      proxy_http_version 1.1;\n\
              proxy_set_header Connection \"\";\n      proxy_set_header Host $http_host;\n\
