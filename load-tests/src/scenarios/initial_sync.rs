@@ -20,7 +20,7 @@ pub async fn run(ctx: Arc<Ctx>, a: InitialSyncArgs) -> Result<()> {
             a.seed_batch,
             a.seed_concurrency,
             a.shape.payload_bytes,
-            &form_type,
+            std::slice::from_ref(&form_type),
         )
         .await;
         ctx.result("seed_records_per_sec", rate(out.records as f64, out.secs));
