@@ -94,11 +94,14 @@ async fn probes(ctx: &Arc<Ctx>, a: &ScaleArgs, step: &str, types: &[String]) -> 
     // page still finds a full page of its type.
     let typed_back = i64::from(PAGE) * 2 * types.len() as i64 * a.seed_batch.div_ceil(u64::from(PAGE)) as i64;
     let n = a.probe_requests;
-    let pulls: [(&str, i64, &[String]); 4] = [
+    // A form nobody has filled in yet: a device asks for it from cursor 0 and gets nothing.
+    let empty = vec![format!("{FORM_PREFIX}_empty")];
+    let pulls: [(&str, i64, &[String]); 5] = [
         ("pull_start", 0, &[]),
         ("pull_head", head - i64::from(PAGE), &[]),
         ("pull_typed_start", 0, &typed),
         ("pull_typed_head", head - typed_back, &typed),
+        ("pull_typed_empty", 0, &empty),
     ];
     for (name, from, filter) in pulls {
         let kind = format!("{name}@{step}");
