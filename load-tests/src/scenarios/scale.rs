@@ -279,7 +279,9 @@ async fn push_storm(ctx: &Arc<Ctx>, a: &ScaleArgs, step: &str, types: &[String],
         devices: a.push_devices,
         batch: a.push_batch,
         payload_bytes: a.shape.payload_bytes,
-        form_type: types[0].clone(),
+        // The typed probe's type: so at the next step, after the next seeding, and in a later
+        // run on this repository, the records near the head still include that type's.
+        form_type: types[types.len() / 2].clone(),
         // Each step's devices push ids of their own: new records, not updates.
         device_offset: index * a.push_devices,
         keep_heads: false,
