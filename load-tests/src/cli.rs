@@ -113,7 +113,7 @@ impl Cmd {
     pub fn concurrency(&self) -> usize {
         let n = match self {
             Cmd::PushStorm(a) => a.devices,
-            Cmd::InitialSync(a) => a.seed_concurrency,
+            Cmd::InitialSync(a) => a.seeding.seed_concurrency,
             Cmd::Fleet(a) => a.devices,
             Cmd::BundleSwitch(a) => a.devices + 1,
             Cmd::ExportUnderLoad(a) => a.devices.max(a.seed_concurrency) + 1,
@@ -121,7 +121,7 @@ impl Cmd {
             Cmd::DbCeiling(a) => a.concurrency,
             Cmd::Seed(a) => a.concurrency,
             Cmd::Stats(_) => 1,
-            Cmd::Scale(a) => a.push_devices.max(a.seed_concurrency),
+            Cmd::Scale(a) => a.push_devices.max(a.seeding.seed_concurrency),
         };
         n as usize
     }
@@ -132,6 +132,20 @@ pub struct RecordShape {
     /// Approximate size of each record's `data` JSON in bytes.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=1_048_576))]
     pub payload_bytes: u64,
+}
+
+/// How a scenario seeds its records: large pushes from several connections.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct Seeding {
+    /// Records per push when seeding.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub seed_batch: u64,
+    /// Concurrent pushers when seeding.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub seed_concurrency: u64,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub shape: RecordShape,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -164,15 +178,9 @@ pub struct InitialSyncArgs {
     /// Page size (`limit`, max 500 per the contract).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=500))]
     pub limit: u32,
-    /// Records per push when seeding.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub seed_batch: u64,
-    /// Concurrent pushers when seeding.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256))]
-    pub seed_concurrency: u64,
     #[command(flatten)]
     #[serde(flatten)]
-    pub shape: RecordShape,
+    pub seeding: Seeding,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -369,15 +377,9 @@ pub struct ScaleArgs {
     /// Form types the seeded records spread over (`scale_form_00`, ...); the typed pull asks for one.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(2..=1000))]
     pub form_types: u64,
-    /// Records per push when seeding.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub seed_batch: u64,
-    /// Concurrent pushers when seeding.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256))]
-    pub seed_concurrency: u64,
     #[command(flatten)]
     #[serde(flatten)]
-    pub shape: RecordShape,
+    pub seeding: Seeding,
     /// Sequential requests of each latency probe (pull pages, statistics, bundle manifest).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub probe_requests: u64,

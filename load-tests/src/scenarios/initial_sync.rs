@@ -17,9 +17,9 @@ pub async fn run(ctx: Arc<Ctx>, a: InitialSyncArgs) -> Result<()> {
             &ctx,
             "seed_push",
             a.records,
-            a.seed_batch,
-            a.seed_concurrency,
-            a.shape.payload_bytes,
+            a.seeding.seed_batch,
+            a.seeding.seed_concurrency,
+            a.seeding.shape.payload_bytes,
             std::slice::from_ref(&form_type),
         )
         .await;

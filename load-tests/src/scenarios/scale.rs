@@ -38,9 +38,9 @@ pub async fn run(ctx: Arc<Ctx>, a: ScaleArgs) -> Result<()> {
                 &ctx,
                 &format!("seed@{step}"),
                 size - held,
-                a.seed_batch,
-                a.seed_concurrency,
-                a.shape.payload_bytes,
+                a.seeding.seed_batch,
+                a.seeding.seed_concurrency,
+                a.seeding.shape.payload_bytes,
                 &types,
             )
             .await;
@@ -92,7 +92,8 @@ async fn probes(ctx: &Arc<Ctx>, a: &ScaleArgs, step: &str, types: &[String]) -> 
     let typed = vec![types[types.len() / 2].clone()];
     // One type's records sit in batches among the others: from this far below the head a typed
     // page still finds a full page of its type.
-    let typed_back = i64::from(PAGE) * 2 * types.len() as i64 * a.seed_batch.div_ceil(u64::from(PAGE)) as i64;
+    let typed_back =
+        i64::from(PAGE) * 2 * types.len() as i64 * a.seeding.seed_batch.div_ceil(u64::from(PAGE)) as i64;
     let n = a.probe_requests;
     // A form nobody has filled in yet: a device asks for it from cursor 0 and gets nothing.
     let empty = vec![format!("{FORM_PREFIX}_empty")];
@@ -278,7 +279,7 @@ async fn push_storm(ctx: &Arc<Ctx>, a: &ScaleArgs, step: &str, types: &[String],
         kind: kind.clone(),
         devices: a.push_devices,
         batch: a.push_batch,
-        payload_bytes: a.shape.payload_bytes,
+        payload_bytes: a.seeding.shape.payload_bytes,
         // The typed probe's type: so at the next step, after the next seeding, and in a later
         // run on this repository, the records near the head still include that type's.
         form_type: types[types.len() / 2].clone(),
