@@ -117,6 +117,9 @@ pub struct PullPage {
     pub records: Vec<PulledRecord>,
     pub change_cutoff: i64,
     pub has_more: bool,
+    /// Length of the response body (set by `Api::pull`, not part of the wire format).
+    #[serde(skip)]
+    pub wire_bytes: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -423,7 +426,9 @@ impl Api {
                 c.post(&url).header("content-type", "application/json").body(body.clone())
             })
             .await?;
-        self.decode(kind, &resp.body)
+        let mut page: PullPage = self.decode(kind, &resp.body)?;
+        page.wire_bytes = resp.body.len();
+        Ok(page)
     }
 
     /// `POST /sync/push` with a fresh transmission id, as Formulus does on every attempt.

@@ -72,6 +72,8 @@ pub enum Cmd {
     Seed(SeedArgs),
     /// Latency of the statistics the portal overview loads, optionally after seeding rows by SQL.
     Stats(StatsArgs),
+    /// Seeds to each size in turn (100k, 1M, 10M) and measures every path at each: how cost grows.
+    Scale(ScaleArgs),
 }
 
 impl Cmd {
@@ -86,6 +88,7 @@ impl Cmd {
             Cmd::DbCeiling(_) => "db-ceiling",
             Cmd::Seed(_) => "seed",
             Cmd::Stats(_) => "stats",
+            Cmd::Scale(_) => "scale",
         }
     }
 
@@ -101,6 +104,7 @@ impl Cmd {
             Cmd::DbCeiling(a) => serde_json::to_value(a),
             Cmd::Seed(a) => serde_json::to_value(a),
             Cmd::Stats(a) => serde_json::to_value(a),
+            Cmd::Scale(a) => serde_json::to_value(a),
         };
         v.unwrap_or(serde_json::Value::Null)
     }
@@ -109,7 +113,7 @@ impl Cmd {
     pub fn concurrency(&self) -> usize {
         let n = match self {
             Cmd::PushStorm(a) => a.devices,
-            Cmd::InitialSync(a) => a.seed_concurrency,
+            Cmd::InitialSync(a) => a.seeding.seed_concurrency,
             Cmd::Fleet(a) => a.devices,
             Cmd::BundleSwitch(a) => a.devices + 1,
             Cmd::ExportUnderLoad(a) => a.devices.max(a.seed_concurrency) + 1,
@@ -117,6 +121,7 @@ impl Cmd {
             Cmd::DbCeiling(a) => a.concurrency,
             Cmd::Seed(a) => a.concurrency,
             Cmd::Stats(_) => 1,
+            Cmd::Scale(a) => a.push_devices.max(a.seeding.seed_concurrency),
         };
         n as usize
     }
@@ -127,6 +132,20 @@ pub struct RecordShape {
     /// Approximate size of each record's `data` JSON in bytes.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=1_048_576))]
     pub payload_bytes: u64,
+}
+
+/// How a scenario seeds its records: large pushes from several connections.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct Seeding {
+    /// Records per push when seeding.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub seed_batch: u64,
+    /// Concurrent pushers when seeding.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub seed_concurrency: u64,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub shape: RecordShape,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -159,15 +178,9 @@ pub struct InitialSyncArgs {
     /// Page size (`limit`, max 500 per the contract).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=500))]
     pub limit: u32,
-    /// Records per push when seeding.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub seed_batch: u64,
-    /// Concurrent pushers when seeding.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256))]
-    pub seed_concurrency: u64,
     #[command(flatten)]
     #[serde(flatten)]
-    pub shape: RecordShape,
+    pub seeding: Seeding,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -343,9 +356,12 @@ pub struct SeedArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub shape: RecordShape,
-    /// Form type of the seeded records.
+    /// Form type of the seeded records (the prefix of the names with --form-types above 1).
     #[arg(long, default_value = "load_seed")]
     pub form_type: String,
+    /// Form types the records spread over, batch by batch: `<form-type>_00`, `_01`, ...
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub form_types: u64,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -360,4 +376,49 @@ pub struct StatsArgs {
     /// Form types the seeded rows spread over.
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub seed_form_types: u64,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct ScaleArgs {
+    /// Repository sizes to seed up to and measure at, in order (records already stored count).
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000,10000000",
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub sizes: Vec<u64>,
+    /// Form types the seeded records spread over (`scale_form_00`, ...); the typed pull asks for one.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(2..=1000))]
+    pub form_types: u64,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub seeding: Seeding,
+    /// Sequential requests of each latency probe (pull pages, statistics, bundle manifest).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub probe_requests: u64,
+    /// Records of each initial-sync window: from cursor 0, and the last ones up to the head.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub sync_window: u64,
+    /// Devices of the push storm at each size (its records count towards the next size).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub push_devices: u64,
+    /// Records per push of the storm.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub push_batch: u64,
+    /// Seconds of push storm at each size.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub push_secs: u64,
+    /// Skip the whole-repository export at each size.
+    #[arg(long)]
+    pub no_export: bool,
+    /// Format of the export at each size.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Parquet)]
+    pub export_format: ExportFormat,
+    /// Timeout of each export in seconds.
+    #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub export_timeout: u64,
+    /// The server's process id (same machine): its resident memory is sampled during the export.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// The server's database (libpq text or URL): table and index bytes per record.
+    #[arg(long)]
+    #[serde(skip)]
+    pub db: Option<String>,
 }

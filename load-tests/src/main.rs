@@ -114,5 +114,6 @@ async fn dispatch(ctx: Arc<Ctx>, cmd: Cmd) -> Result<()> {
         Cmd::DbCeiling(a) => scenarios::db_ceiling::run(ctx, a).await,
         Cmd::Seed(a) => scenarios::seed::run(ctx, a).await,
         Cmd::Stats(a) => scenarios::stats_latency::run(ctx, a).await,
+        Cmd::Scale(a) => scenarios::scale::run(ctx, a).await,
     }
 }

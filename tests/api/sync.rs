@@ -381,6 +381,54 @@ async fn filters_limits_conflicts_and_cursor_beyond_head() {
     assert_eq!(hist["revisions"][0]["data"]["i"], 100);
 }
 
+/// A typed pull reads each type from (form_type, change_id) at any size: from a cursor it gets
+/// only that type's later records up to the head, and a type with no records (or whose records
+/// are all at or below the cursor) gets an empty page at the head (docs/api.md §8.2).
+#[actix_web::test]
+async fn typed_pull_from_a_cursor_and_of_an_empty_type() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    // change_ids 1..=9: a, b, c, a, b, c, a, b, c
+    let records: Vec<Value> = (0..9)
+        .map(|i| {
+            let form_type = ["a", "b", "c"][i % 3];
+            json!({"observation_id": format!("r{i}"), "form_type": form_type, "data": {"i": i}})
+        })
+        .collect();
+    let (status, _) =
+        app.push(&admin, json!({"transmission_id": "t", "client_id": "c", "records": records})).await;
+    assert_eq!(status, StatusCode::OK);
+    let pull = |types: Value, since: i64, limit: i64| {
+        let app = &app;
+        let admin = admin.clone();
+        async move {
+            let body =
+                json!({"client_id": "x", "schema_types": types, "since": {"version": since}, "limit": limit});
+            let (status, body) = app.call(Method::POST, "/sync/pull", Some(&admin), Some(body)).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let ids: Vec<String> = body["records"]
+                .as_array()
+                .expect("records")
+                .iter()
+                .filter_map(|r| r["observation_id"].as_str().map(String::from))
+                .collect();
+            (ids, body)
+        }
+    };
+    let (ids, body) = pull(json!(["b"]), 2, 10).await;
+    assert_eq!(ids, vec!["r4", "r7"]);
+    assert_eq!((body["has_more"].clone(), body["change_cutoff"].clone()), (json!(false), json!(8)));
+    let (ids, body) = pull(json!(["c", "a"]), 3, 2).await;
+    assert_eq!(ids, vec!["r3", "r5"]);
+    assert_eq!((body["has_more"].clone(), body["change_cutoff"].clone()), (json!(true), json!(6)));
+    for (types, since) in [(json!(["nobody_filled_this_in"]), 0), (json!(["c"]), 9), (json!(["a"]), 7)] {
+        let (ids, body) = pull(types, since, 10).await;
+        assert!(ids.is_empty(), "{body}");
+        assert_eq!(body["has_more"], false);
+        assert_eq!(body["current_version"], 9);
+    }
+}
+
 #[actix_web::test]
 async fn observations_listing_ownership_and_pagination() {
     let app = TestApp::spawn().await;

@@ -22,7 +22,7 @@ pub async fn run(ctx: Arc<Ctx>, a: ExportArgs) -> Result<()> {
             1000,
             a.seed_concurrency,
             a.shape.payload_bytes,
-            "load_export",
+            &["load_export".to_string()],
         )
         .await;
         ctx.result("seed_records_per_sec", rate(out.records as f64, out.secs));

@@ -17,10 +17,10 @@ pub async fn run(ctx: Arc<Ctx>, a: InitialSyncArgs) -> Result<()> {
             &ctx,
             "seed_push",
             a.records,
-            a.seed_batch,
-            a.seed_concurrency,
-            a.shape.payload_bytes,
-            &form_type,
+            a.seeding.seed_batch,
+            a.seeding.seed_concurrency,
+            a.seeding.shape.payload_bytes,
+            std::slice::from_ref(&form_type),
         )
         .await;
         ctx.result("seed_records_per_sec", rate(out.records as f64, out.secs));

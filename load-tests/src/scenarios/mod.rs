@@ -8,6 +8,7 @@ pub mod export_load;
 pub mod fleet;
 pub mod initial_sync;
 pub mod push_storm;
+pub mod scale;
 pub mod seed;
 pub mod stats_latency;
 
@@ -162,6 +163,8 @@ pub struct PullLoop {
 pub struct PulledPage {
     pub ids: Vec<(String, i64)>,
     pub done: bool,
+    /// Response body length.
+    pub bytes: usize,
 }
 
 impl PullLoop {
@@ -217,6 +220,7 @@ impl PullLoop {
         self.pages += 1;
         self.records += page.records.len() as u64;
         stats.add("records_pulled", page.records.len() as u64);
+        let bytes = page.wire_bytes;
         let done = if page.has_more {
             if page.change_cutoff <= after {
                 // P3: without progress the loop would spin forever; report and stop.
@@ -237,6 +241,7 @@ impl PullLoop {
         Ok(PulledPage {
             ids: page.records.into_iter().map(|r| (r.observation_id, r.version)).collect(),
             done,
+            bytes,
         })
     }
 }
@@ -247,9 +252,9 @@ pub struct SeedOutcome {
     pub secs: f64,
 }
 
-/// Pushes `total` fresh records of `form_type` in batches of `batch` from `concurrency`
-/// workers. Failed batches are retried (a few times) with a new transmission id, which is
-/// harmless because pushes are upserts (8.6).
+/// Pushes `total` fresh records in batches of `batch` from `concurrency` workers, batch `b`
+/// under form type `b % form_types.len()`. Failed batches are retried (a few times) with a new
+/// transmission id, which is harmless because pushes are upserts (8.6).
 pub async fn seed_records(
     ctx: &Arc<Ctx>,
     kind: &str,
@@ -257,7 +262,7 @@ pub async fn seed_records(
     batch: u64,
     concurrency: u64,
     payload_bytes: u64,
-    form_type: &str,
+    form_types: &[String],
 ) -> SeedOutcome {
     let batches = total.div_ceil(batch);
     let next = Arc::new(AtomicU64::new(0));
@@ -267,10 +272,13 @@ pub async fn seed_records(
     let mut set = tokio::task::JoinSet::new();
     for w in 0..concurrency {
         let (ctx, next, done) = (ctx.clone(), next.clone(), done.clone());
-        let (kind, form_type) = (kind.to_string(), form_type.to_string());
+        let (kind, form_types) = (kind.to_string(), form_types.to_vec());
         set.spawn(async move {
             let mut rng = ctx.rng();
-            let pool = payload::RecordPool::new(&form_type, payload_bytes as usize, 16, &mut rng);
+            let pools: Vec<payload::RecordPool> = form_types
+                .iter()
+                .map(|t| payload::RecordPool::new(t, payload_bytes as usize, 16, &mut rng))
+                .collect();
             let client_id = format!("load-{}-seed{w}", ctx.run);
             let mut last_head = 0i64;
             loop {
@@ -280,6 +288,7 @@ pub async fn seed_records(
                 }
                 let first = b * batch;
                 let n = batch.min(total - first);
+                let Some(pool) = pools.get((b % pools.len().max(1) as u64) as usize) else { break };
                 // `s` keeps seeded ids apart from the per-device ids of storms.
                 let ids: Vec<String> = (first..first + n).map(|i| format!("obs_{}_s_{i}", ctx.run)).collect();
                 let mut ok = false;
@@ -307,6 +316,15 @@ pub async fn seed_records(
     }
     while set.join_next().await.is_some() {}
     SeedOutcome { records: done.load(Ordering::Relaxed), secs: start.elapsed().as_secs_f64() }
+}
+
+/// `n` form types named `prefix_00`, `prefix_01`, ... (just `prefix` when `n` is 1), so the
+/// seeded records can be pulled one type among many (the typed pull of `scale`).
+pub fn form_type_names(prefix: &str, n: u64) -> Vec<String> {
+    match n {
+        0 | 1 => vec![prefix.to_string()],
+        n => (0..n).map(|i| format!("{prefix}_{i:02}")).collect(),
+    }
 }
 
 /// Records per second, guarding against a zero-length phase.

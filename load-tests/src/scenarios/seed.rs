@@ -1,6 +1,6 @@
 //! `seed`: loads N records quickly for the other scenarios.
 
-use super::{rate, seed_records, Ctx};
+use super::{form_type_names, rate, seed_records, Ctx};
 use crate::cli::SeedArgs;
 use anyhow::Result;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ pub async fn run(ctx: Arc<Ctx>, a: SeedArgs) -> Result<()> {
         a.batch,
         a.concurrency,
         a.shape.payload_bytes,
-        &a.form_type,
+        &form_type_names(&a.form_type, a.form_types),
     )
     .await;
     ctx.result("records_seeded", out.records);

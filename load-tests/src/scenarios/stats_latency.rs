@@ -16,7 +16,7 @@ use tokio_postgres::{Client, NoTls};
 const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
 const SEED_CHUNK: u64 = 500_000;
 
-async fn connect(db: &str) -> Result<Client> {
+pub async fn connect(db: &str) -> Result<Client> {
     let (client, conn) = tokio_postgres::connect(db, NoTls).await.context("connecting to PostgreSQL")?;
     tokio::spawn(async move {
         let _ = conn.await;
