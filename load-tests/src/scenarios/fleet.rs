@@ -106,7 +106,7 @@ pub async fn run(ctx: Arc<Ctx>, a: FleetArgs) -> Result<()> {
 }
 
 /// Makes sure a bundle is active so bundle traffic has something to fetch.
-async fn ensure_bundle(ctx: &Arc<Ctx>) -> Result<()> {
+pub async fn ensure_bundle(ctx: &Arc<Ctx>) -> Result<()> {
     match ctx.api.manifest("setup_manifest", None).await {
         Ok(_) => Ok(()),
         Err(f) if f.status() == Some(404) => {
