@@ -397,6 +397,11 @@ pub struct CapacityArgs {
     /// Size of each photo.
     #[arg(long, default_value_t = 204_800, value_parser = clap::value_parser!(u64).range(0..=67_108_864))]
     pub photo_bytes: u64,
+    /// Photos come from this many distinct ones (0: every photo is new). The server still
+    /// receives, hashes and fsyncs each upload, but stores each distinct photo once, so a long
+    /// run does not fill a small disk.
+    #[arg(long, default_value_t = 0)]
+    pub photo_variants: u64,
     /// Seconds between a device's bundle manifest checks (conditional, If-None-Match).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub manifest_secs: u64,

@@ -58,7 +58,12 @@ pub async fn run(ctx: Arc<Ctx>, a: CapacityArgs) -> Result<()> {
     let head = ctx.api.head(&format!("cap-{}-setup", ctx.run)).await?;
     let a = Arc::new(a);
     let stop = Arc::new(AtomicBool::new(false));
-    let shared = Arc::new(Shared { ctx: ctx.clone(), args: a.clone(), stop: stop.clone(), etag, head });
+    let mut rng = ctx.rng();
+    let photos = (0..a.photo_variants)
+        .map(|_| bytes::Bytes::from(crate::payload::random_bytes(a.photo_bytes as usize, &mut rng)))
+        .collect();
+    let shared =
+        Arc::new(Shared { ctx: ctx.clone(), args: a.clone(), stop: stop.clone(), etag, head, photos });
     let watched = Watched { server: a.server_pid, postgres: a.pg_pid };
     ctx.note(format!(
         "{} users (role read-write), each logged in once; device d uses user d mod {}",

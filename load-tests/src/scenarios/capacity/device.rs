@@ -27,6 +27,8 @@ pub struct Shared {
     pub etag: Option<String>,
     /// The head when the run started: every device is in sync with it when it joins.
     pub head: i64,
+    /// With `--photo-variants`, the photos every upload picks from.
+    pub photos: Vec<Bytes>,
 }
 
 pub struct Device {
@@ -110,10 +112,14 @@ impl Device {
     }
 
     async fn photo(&self, s: &Shared, rng: &mut impl Rng) {
-        let bytes = payload::random_bytes(s.args.photo_bytes as usize, rng);
+        let bytes = if s.photos.is_empty() {
+            Bytes::from(payload::random_bytes(s.args.photo_bytes as usize, rng))
+        } else {
+            s.photos[rng.gen_range(0..s.photos.len())].clone()
+        };
         let sha = payload::sha256_hex(&bytes);
         let id = format!("{}.jpg", uuid::Uuid::new_v4());
-        match self.api.upload_attachment("upload", &id, Bytes::from(bytes)).await {
+        match self.api.upload_attachment("upload", &id, bytes).await {
             Ok(r) => {
                 s.ctx.stats.add("photo_bytes_uploaded", s.args.photo_bytes);
                 if r.sha256.as_deref().is_some_and(|h| h != sha) {
