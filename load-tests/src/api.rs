@@ -199,6 +199,10 @@ impl Api {
     ) -> Result<Api> {
         let http = Client::builder()
             .pool_max_idle_per_host(max_connections.max(1))
+            // Below the server's keep-alive (actix-web closes idle connections after 5 s): a
+            // connection reused just as the server closes it fails with an I/O error that says
+            // nothing about the server's capacity.
+            .pool_idle_timeout(Duration::from_secs(4))
             .connect_timeout(Duration::from_secs(10))
             .timeout(request_timeout)
             .tcp_nodelay(true)
@@ -213,6 +217,31 @@ impl Api {
             token: RwLock::new(Arc::from("")),
             relogin: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Another user on the same connection pool and statistics, not yet logged in: the
+    /// capacity scenario spreads its devices over a few users.
+    pub fn as_user(&self, username: &str, password: &str) -> Api {
+        Api {
+            http: self.http.clone(),
+            base: self.base.clone(),
+            stats: self.stats.clone(),
+            username: username.to_string(),
+            password: password.to_string(),
+            token: RwLock::new(Arc::from("")),
+            relogin: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// `POST /users` (admin): creates a user with `role`; 409 (it exists) is fine.
+    pub async fn create_user(&self, username: &str, password: &str, role: &str) -> Result<(), Fail> {
+        let url = self.base.join("/users");
+        let body = json!({"username": username, "password": password, "role": role});
+        match self.exec_expecting("setup_user", true, Some(409), |c, _| c.post(&url).json(&body)).await {
+            Ok(_) => Ok(()),
+            Err(f) if f.status() == Some(409) => Ok(()),
+            Err(f) => Err(f),
+        }
     }
 
     fn token(&self) -> Arc<str> {

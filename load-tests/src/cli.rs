@@ -74,6 +74,8 @@ pub enum Cmd {
     Stats(StatsArgs),
     /// Seeds to each size in turn (100k, 1M, 10M) and measures every path at each: how cost grows.
     Scale(ScaleArgs),
+    /// Realistic devices on a timer, added in steps until a p99 or an error limit is passed.
+    Capacity(CapacityArgs),
 }
 
 impl Cmd {
@@ -89,6 +91,7 @@ impl Cmd {
             Cmd::Seed(_) => "seed",
             Cmd::Stats(_) => "stats",
             Cmd::Scale(_) => "scale",
+            Cmd::Capacity(_) => "capacity",
         }
     }
 
@@ -105,6 +108,7 @@ impl Cmd {
             Cmd::Seed(a) => serde_json::to_value(a),
             Cmd::Stats(a) => serde_json::to_value(a),
             Cmd::Scale(a) => serde_json::to_value(a),
+            Cmd::Capacity(a) => serde_json::to_value(a),
         };
         v.unwrap_or(serde_json::Value::Null)
     }
@@ -122,6 +126,9 @@ impl Cmd {
             Cmd::Seed(a) => a.concurrency,
             Cmd::Stats(_) => 1,
             Cmd::Scale(a) => a.push_devices.max(a.seeding.seed_concurrency),
+            // Devices spend almost all their time asleep: the pool only needs the requests in
+            // flight at once (more are opened on demand, and closed when idle).
+            Cmd::Capacity(_) => 256,
         };
         n as usize
     }
@@ -421,4 +428,73 @@ pub struct ScaleArgs {
     #[arg(long)]
     #[serde(skip)]
     pub db: Option<String>,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct CapacityArgs {
+    /// Devices in the first step.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub start_devices: u64,
+    /// Devices added at each further step.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub step_devices: u64,
+    /// Length of each step in seconds (its first --warmup-secs are not measured).
+    #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u64).range(2..=86_400))]
+    pub step_secs: u64,
+    /// Unmeasured start of each step while the new devices join (default: one --period-secs).
+    #[arg(long)]
+    pub warmup_secs: Option<u64>,
+    /// No step goes beyond this many devices.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_devices: u64,
+    /// Mean seconds between a device's pushes.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub period_secs: u64,
+    /// Each wait is the period times a uniform factor in [1 - j, 1 + j], j = this / 100.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub jitter_pct: u64,
+    /// Fewest records in a push.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub batch_min: u64,
+    /// Most records in a push.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub batch_max: u64,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub shape: RecordShape,
+    /// Every this many pushes a device uploads a photo (0: never).
+    #[arg(long, default_value_t = 10)]
+    pub photo_every: u64,
+    /// Size of each photo.
+    #[arg(long, default_value_t = 204_800, value_parser = clap::value_parser!(u64).range(0..=67_108_864))]
+    pub photo_bytes: u64,
+    /// Photos come from this many distinct ones (0: every photo is new). The server still
+    /// receives, hashes and fsyncs each upload, but stores each distinct photo once, so a long
+    /// run does not fill a small disk.
+    #[arg(long, default_value_t = 0)]
+    pub photo_variants: u64,
+    /// Seconds between a device's bundle manifest checks (conditional, If-None-Match).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub manifest_secs: u64,
+    /// Devices per team: a team shares one form type and each device pulls that type, so a
+    /// device receives its team's records (a whole fleet pulling everything grows as N²).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub team_size: u64,
+    /// Users the devices are spread over (created by the admin of --username); each user logs
+    /// in once and its token is shared by its devices.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub users: u64,
+    /// A step fails when the p99 of any request kind is above this.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    pub p99_limit_ms: u64,
+    /// A step fails when it has more failed requests than this.
+    #[arg(long, default_value_t = 0)]
+    pub max_errors: u64,
+    /// The server's process id, for its CPU and memory per step.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// The postmaster's process id, for PostgreSQL's CPU per step (the postmaster and its
+    /// backends).
+    #[arg(long)]
+    pub pg_pid: Option<u32>,
 }

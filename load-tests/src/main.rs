@@ -10,6 +10,7 @@ mod report;
 mod rss;
 mod scenarios;
 mod stats;
+mod sysmon;
 mod target;
 
 use anyhow::Result;
@@ -77,16 +78,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Ok(Err(e)) => Some(format!("{e:#}")),
         Ok(Ok(())) => None,
     };
-    let (results, notes, correctness) = ctx.take_results();
+    let taken = ctx.take_results();
     let report = Report::build(
         ReportMeta {
             scenario: scenario.to_string(),
             started_at,
             base_url: base.as_str().to_string(),
             params,
-            results,
-            correctness_checked: correctness,
-            notes,
+            results: taken.results,
+            details: taken.details,
+            sections: taken.sections,
+            correctness_checked: taken.correctness,
+            notes: taken.notes,
             incomplete: incomplete.clone(),
         },
         stats.snapshot(),
@@ -115,5 +118,6 @@ async fn dispatch(ctx: Arc<Ctx>, cmd: Cmd) -> Result<()> {
         Cmd::Seed(a) => scenarios::seed::run(ctx, a).await,
         Cmd::Stats(a) => scenarios::stats_latency::run(ctx, a).await,
         Cmd::Scale(a) => scenarios::scale::run(ctx, a).await,
+        Cmd::Capacity(a) => scenarios::capacity::run(ctx, a).await,
     }
 }

@@ -27,6 +27,12 @@ pub struct Report {
     pub params: Value,
     /// Headline numbers computed by the scenario (records/s, MB/s, p99 ratios...).
     pub results: BTreeMap<String, Value>,
+    /// Structured figures too big for `results` (the capacity scenario's steps).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub details: BTreeMap<String, Value>,
+    /// Markdown sections the scenario wrote itself, shown after the results.
+    #[serde(skip)]
+    pub sections: Vec<String>,
     pub requests: Vec<KindSummary>,
     pub counters: Vec<CounterSummary>,
     pub errors_by_status: BTreeMap<String, u64>,
@@ -46,6 +52,8 @@ pub struct ReportMeta {
     pub base_url: String,
     pub params: Value,
     pub results: BTreeMap<String, Value>,
+    pub details: BTreeMap<String, Value>,
+    pub sections: Vec<String>,
     pub correctness_checked: bool,
     pub notes: Vec<String>,
     pub incomplete: Option<String>,
@@ -71,6 +79,8 @@ impl Report {
             elapsed_secs: round3(elapsed),
             params: meta.params,
             results: meta.results,
+            details: meta.details,
+            sections: meta.sections,
             requests: snap.kinds,
             counters,
             errors_by_status: snap.errors_by_status,
@@ -107,6 +117,9 @@ impl Report {
                 let _ = writeln!(md, "| {k} | {} |", fmt_value(v));
             }
             md.push('\n');
+        }
+        for section in &self.sections {
+            let _ = writeln!(md, "{section}");
         }
         let _ = writeln!(
             md,
@@ -227,6 +240,8 @@ mod tests {
                 base_url: "http://127.0.0.1:8080".into(),
                 params: serde_json::json!({"devices": 2}),
                 results,
+                details: BTreeMap::new(),
+                sections: vec!["## Steps\n\n| devices |\n|---:|\n| 10 |\n".into()],
                 correctness_checked: true,
                 notes: vec!["a note".into()],
                 incomplete: None,

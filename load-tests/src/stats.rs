@@ -54,6 +54,9 @@ pub struct KindStats {
 #[derive(Default)]
 struct Inner {
     kinds: BTreeMap<String, KindStats>,
+    /// The same per-kind figures since the last `take_window`, for scenarios that report in
+    /// steps (capacity); the whole-run figures in `kinds` are kept as well.
+    window: BTreeMap<String, KindStats>,
     counters: BTreeMap<String, u64>,
     violations: BTreeMap<String, u64>,
     violation_samples: Vec<String>,
@@ -97,22 +100,40 @@ impl Stats {
         let end = Instant::now();
         let micros = end.duration_since(start).as_micros().max(1) as u64;
         let mut g = self.lock();
-        let k = g.kinds.entry(kind.to_string()).or_insert_with(|| KindStats {
-            hist: self.template.clone(),
-            ok: 0,
-            errors: BTreeMap::new(),
-            first_start: start,
-            last_end: end,
-        });
-        k.first_start = k.first_start.min(start);
-        k.last_end = k.last_end.max(end);
-        match outcome {
-            Outcome::Ok => {
-                k.ok += 1;
-                k.hist.saturating_record(micros);
+        let Inner { kinds, window, .. } = &mut *g;
+        for map in [kinds, window] {
+            let k = map.entry(kind.to_string()).or_insert_with(|| KindStats {
+                hist: self.template.clone(),
+                ok: 0,
+                errors: BTreeMap::new(),
+                first_start: start,
+                last_end: end,
+            });
+            k.first_start = k.first_start.min(start);
+            k.last_end = k.last_end.max(end);
+            match outcome {
+                Outcome::Ok => {
+                    k.ok += 1;
+                    k.hist.saturating_record(micros);
+                }
+                other => *k.errors.entry(other.key()).or_insert(0) += 1,
             }
-            other => *k.errors.entry(other.key()).or_insert(0) += 1,
         }
+    }
+
+    /// Per-kind figures since the previous call (or the start), then a fresh window. Rates
+    /// are over `window_secs`, the wall time since the previous call, not each kind's span.
+    pub fn take_window(&self, window_secs: f64) -> Vec<KindSummary> {
+        let taken = std::mem::take(&mut self.lock().window);
+        taken
+            .iter()
+            .map(|(name, k)| {
+                let mut s = summarize(name, k);
+                s.window_secs = window_secs;
+                s.throughput_per_sec = if window_secs > 0.0 { k.ok as f64 / window_secs } else { 0.0 };
+                s
+            })
+            .collect()
     }
 
     pub fn add(&self, counter: &str, n: u64) {
@@ -164,22 +185,7 @@ impl Stats {
                 for (s, n) in &k.errors {
                     *errors_by_status.entry(s.clone()).or_insert(0) += n;
                 }
-                let window = k.last_end.duration_since(k.first_start).as_secs_f64();
-                let ms = |v: u64| v as f64 / 1000.0;
-                let empty = k.hist.is_empty();
-                KindSummary {
-                    kind: name.clone(),
-                    ok: k.ok,
-                    errors: k.errors.values().sum(),
-                    errors_by_status: k.errors.clone(),
-                    window_secs: window,
-                    throughput_per_sec: if window > 0.0 { k.ok as f64 / window } else { 0.0 },
-                    mean_ms: if empty { 0.0 } else { k.hist.mean() / 1000.0 },
-                    p50_ms: if empty { 0.0 } else { ms(k.hist.value_at_quantile(0.50)) },
-                    p95_ms: if empty { 0.0 } else { ms(k.hist.value_at_quantile(0.95)) },
-                    p99_ms: if empty { 0.0 } else { ms(k.hist.value_at_quantile(0.99)) },
-                    max_ms: if empty { 0.0 } else { ms(k.hist.max()) },
-                }
+                summarize(name, k)
             })
             .collect();
         Snapshot {
@@ -190,6 +196,25 @@ impl Stats {
             violations: g.violations.clone(),
             violation_samples: g.violation_samples.clone(),
         }
+    }
+}
+
+fn summarize(name: &str, k: &KindStats) -> KindSummary {
+    let window = k.last_end.duration_since(k.first_start).as_secs_f64();
+    let ms = |v: u64| v as f64 / 1000.0;
+    let empty = k.hist.is_empty();
+    KindSummary {
+        kind: name.to_string(),
+        ok: k.ok,
+        errors: k.errors.values().sum(),
+        errors_by_status: k.errors.clone(),
+        window_secs: window,
+        throughput_per_sec: if window > 0.0 { k.ok as f64 / window } else { 0.0 },
+        mean_ms: if empty { 0.0 } else { k.hist.mean() / 1000.0 },
+        p50_ms: if empty { 0.0 } else { ms(k.hist.value_at_quantile(0.50)) },
+        p95_ms: if empty { 0.0 } else { ms(k.hist.value_at_quantile(0.95)) },
+        p99_ms: if empty { 0.0 } else { ms(k.hist.value_at_quantile(0.99)) },
+        max_ms: if empty { 0.0 } else { ms(k.hist.max()) },
     }
 }
 
@@ -258,6 +283,20 @@ mod tests {
         let snap = s.snapshot();
         assert_eq!(snap.violations.get("mixed_version"), Some(&30));
         assert_eq!(snap.violation_samples.len(), MAX_VIOLATION_SAMPLES);
+    }
+
+    #[test]
+    fn windows_restart_but_the_run_keeps_everything() {
+        let s = Stats::new();
+        s.record("push", Instant::now(), Outcome::Ok);
+        s.record("push", Instant::now(), Outcome::Status(503));
+        let w = s.take_window(2.0);
+        assert_eq!((w[0].ok, w[0].errors, w[0].throughput_per_sec), (1, 1, 0.5));
+        s.record("pull", Instant::now(), Outcome::Ok);
+        let w = s.take_window(1.0);
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].kind, "pull");
+        assert_eq!(s.totals(), (2, 1));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod attachments;
 pub mod bundle_switch;
+pub mod capacity;
 pub mod db_ceiling;
 pub mod export_load;
 pub mod fleet;
@@ -33,6 +34,8 @@ pub struct Ctx {
     /// Unique per run, so ids and form types of different runs never collide.
     pub run: String,
     results: Mutex<BTreeMap<String, Value>>,
+    details: Mutex<BTreeMap<String, Value>>,
+    sections: Mutex<Vec<String>>,
     notes: Mutex<Vec<String>>,
     correctness: AtomicBool,
 }
@@ -46,6 +49,8 @@ impl Ctx {
             progress,
             run: payload::run_tag(),
             results: Mutex::new(BTreeMap::new()),
+            details: Mutex::new(BTreeMap::new()),
+            sections: Mutex::new(Vec::new()),
             notes: Mutex::new(Vec::new()),
             correctness: AtomicBool::new(false),
         }
@@ -71,12 +76,24 @@ impl Ctx {
         self.correctness.store(true, Ordering::Relaxed);
     }
 
-    pub fn take_results(&self) -> (BTreeMap<String, Value>, Vec<String>, bool) {
-        (
-            self.results.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-            self.notes.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-            self.correctness.load(Ordering::Relaxed),
-        )
+    /// Structured figures for the JSON report only (too big for the results table).
+    pub fn detail(&self, key: &str, v: Value) {
+        self.details.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), v);
+    }
+
+    /// Replaces the scenario's own markdown sections of the report.
+    pub fn set_sections(&self, sections: Vec<String>) {
+        *self.sections.lock().unwrap_or_else(|p| p.into_inner()) = sections;
+    }
+
+    pub fn take_results(&self) -> Taken {
+        Taken {
+            results: self.results.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            details: self.details.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            sections: self.sections.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            notes: self.notes.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            correctness: self.correctness.load(Ordering::Relaxed),
+        }
     }
 
     /// The timed-phase length: `--duration` or the scenario's default.
@@ -87,6 +104,15 @@ impl Ctx {
     pub fn rng(&self) -> rand::rngs::StdRng {
         rand::rngs::StdRng::from_entropy()
     }
+}
+
+/// What a scenario leaves for its report.
+pub struct Taken {
+    pub results: BTreeMap<String, Value>,
+    pub details: BTreeMap<String, Value>,
+    pub sections: Vec<String>,
+    pub notes: Vec<String>,
+    pub correctness: bool,
 }
 
 /// Time and count bounds of a phase. Workers call `take()` before each request.
