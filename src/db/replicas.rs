@@ -243,18 +243,12 @@ impl ReadRouter {
     /// least that), else from `primary`, the exports' own pool.
     pub async fn export_connection(&self, cursor: i64, primary: &Pool) -> DbResult<(Object, Target)> {
         let served = self
-            .routed(
-                Lane::Exports,
-                primary,
-                Some(cursor),
-                &|(_, head): &(Object, i64)| *head,
-                &|db| {
-                    Box::pin(async move {
-                        let head = super::records::head(&db).await?;
-                        Ok((db, head))
-                    })
-                },
-            )
+            .routed(Lane::Exports, primary, Some(cursor), &|(_, head): &(Object, i64)| *head, &|db| {
+                Box::pin(async move {
+                    let head = super::records::head(&db).await?;
+                    Ok((db, head))
+                })
+            })
             .await?;
         Ok((served.value.0, served.by))
     }

@@ -230,13 +230,14 @@ impl Engine {
         tx: &mpsc::Sender<Chunk>,
         head_tx: oneshot::Sender<ApiResult<(i64, Target)>>,
     ) {
-        let (mut client, by) = match self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool)) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = head_tx.send(Err(e.into()));
-                return;
-            }
-        };
+        let (mut client, by) =
+            match self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool)) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = head_tx.send(Err(e.into()));
+                    return;
+                }
+            };
         let (db, head, taken_at) = match self.snapshot(&mut client).map_err(RunError::from).and_then(|db| {
             let (head, taken_at) = self.block(sql::snapshot_head(&db))?;
             Ok((db, head, taken_at))
@@ -325,7 +326,8 @@ impl Engine {
         progress: &JobProgress,
         part: &Path,
     ) -> Result<(), RunError> {
-        let (mut client, by) = self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool))?;
+        let (mut client, by) =
+            self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool))?;
         let mut result = self.write_job_with(&mut client, request, progress, part);
         if matches!(result, Err(RunError::Db(_))) {
             // Possibly a dead connection: never hand it to the next export.

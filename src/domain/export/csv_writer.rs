@@ -2,9 +2,9 @@
 
 use std::io::Write;
 
-use chrono::{DateTime, Utc};
 use super::projection::{ColumnProjector, Leaf};
 use super::{format_timestamp, ColumnType, DataColumn, ExportError, ExportRow};
+use chrono::{DateTime, Utc};
 
 const FIXED_COLUMNS: [&str; 13] = [
     "observation_id",

@@ -92,8 +92,11 @@ fn check_projection(text: &str) {
 fn reordered(value: &Value) -> String {
     match value {
         Value::Object(map) if !map.is_empty() => {
-            let mut fields: Vec<String> =
-                map.iter().rev().map(|(k, v)| format!("{}:{}", Value::from(k.as_str()), reordered(v))).collect();
+            let mut fields: Vec<String> = map
+                .iter()
+                .rev()
+                .map(|(k, v)| format!("{}:{}", Value::from(k.as_str()), reordered(v)))
+                .collect();
             fields.push(fields[0].clone());
             format!("{{{}}}", fields.join(","))
         }

@@ -3,6 +3,8 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use super::projection::{ColumnProjector, Leaf};
+use super::{ColumnType, DataColumn, ExportError, ExportRow};
 use arrow::array::{
     ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
 };
@@ -11,8 +13,6 @@ use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
-use super::projection::{ColumnProjector, Leaf};
-use super::{ColumnType, DataColumn, ExportError, ExportRow};
 
 /// Row groups hold at most this many rows; the writer keeps at most one row
 /// group's encoded pages in memory.
