@@ -127,17 +127,18 @@ impl Application {
         check_data_root(&config)?;
         let storage = Arc::new(crate::storage::Storage::open(&config)?);
         storage.check_at_start().await?;
-        let actors = crate::actors::start(&config, &pool, &conn, &clock, &storage).await?;
-        let login_limiter = Arc::new(LoginLimiter::new(config.rate_limit_login_per_min, pool.clone()));
-        login_limiter.spawn_sweeper();
-
         let reads = crate::db::replicas::ReadRouter::new(
             pool.clone(),
             &config.db_read_replicas,
             config.db_pool_size,
+            config.export_max_concurrent,
             config.replica_max_wait,
             config.replica_max_lag,
         )?;
+        let actors = crate::actors::start(&config, &pool, &conn, &reads, &clock, &storage).await?;
+        let login_limiter = Arc::new(LoginLimiter::new(config.rate_limit_login_per_min, pool.clone()));
+        login_limiter.spawn_sweeper();
+
         let state = AppState {
             config: config.clone(),
             pool,

@@ -146,14 +146,16 @@ pub struct ExportJobs {
 }
 
 impl ExportJobs {
-    /// Starts the engine and the registry. `db_conn` is the same connection the main pool uses.
+    /// Starts the engine and the registry. `db_conn` is the same connection the main pool uses;
+    /// `reads` is the request path's router, whose replicas exports read from too.
     pub fn start(
         config: &crate::config::Config,
         pool: &Pool,
         db_conn: &str,
+        reads: &Arc<crate::db::replicas::ReadRouter>,
         clock: Clock,
     ) -> anyhow::Result<ExportJobsHandle> {
-        let (engine, stop) = Engine::start(config, db_conn, clock.clone())?;
+        let (engine, stop) = Engine::start(config, db_conn, Arc::clone(reads), clock.clone())?;
         let files = engine.files_dir().to_path_buf();
         let exports = engine.exports().clone();
         let registry = ExportJobs {

@@ -8,6 +8,7 @@ pub mod change_log;
 pub mod export_jobs;
 pub mod presence;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::dev::ToEnvelope;
@@ -54,6 +55,7 @@ pub async fn start(
     config: &Config,
     pool: &deadpool_postgres::Pool,
     conn: &str,
+    reads: &Arc<crate::db::replicas::ReadRouter>,
     clock: &Clock,
     storage: &crate::storage::Storage,
 ) -> anyhow::Result<Actors> {
@@ -74,7 +76,7 @@ pub async fn start(
         )?
         .start(),
     );
-    let export_jobs = export_jobs::ExportJobs::start(config, pool, conn, clock.clone())?;
+    let export_jobs = export_jobs::ExportJobs::start(config, pool, conn, reads, clock.clone())?;
     spawn_housekeeping(pool.clone(), config.transmission_retention_days, config.audit_retention_days);
     Ok(Actors { change_log, presence, bundles, attachments, export_jobs })
 }

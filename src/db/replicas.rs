@@ -87,12 +87,30 @@ pub struct ReplicaReport {
 struct Replica {
     /// Host, port and database of the connection string: never its password.
     name: String,
+    /// For requests (`DB_POOL_SIZE`).
     pool: Pool,
+    /// For exports (`EXPORT_MAX_CONCURRENT`): an export holds its connection for minutes, and must
+    /// not take one requests are waiting for.
+    export_pool: Pool,
     in_rotation: AtomicBool,
     last: Mutex<ReplicaReport>,
 }
 
+/// Whose connections a routed read uses.
+#[derive(Clone, Copy)]
+enum Lane {
+    Requests,
+    Exports,
+}
+
 impl Replica {
+    fn pool(&self, lane: Lane) -> &Pool {
+        match lane {
+            Lane::Requests => &self.pool,
+            Lane::Exports => &self.export_pool,
+        }
+    }
+
     fn report(&self) -> ReplicaReport {
         self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -117,7 +135,8 @@ impl Replica {
     }
 }
 
-/// Routes reads to the primary or a replica.
+/// Routes reads to the primary or a replica. One per process: requests and exports share the
+/// replicas' health (one checker), each with connections of its own.
 pub struct ReadRouter {
     primary: Pool,
     replicas: Vec<Replica>,
@@ -139,11 +158,13 @@ fn display_name(conn: &str) -> String {
 }
 
 impl ReadRouter {
-    /// Pools are created lazily: an unreachable replica does not delay start-up.
+    /// Pools are created lazily: an unreachable replica does not delay start-up. Each replica gets
+    /// `pool_size` connections for requests and `export_pool_size` for exports.
     pub fn new(
         primary: Pool,
         replica_conns: &[String],
         pool_size: usize,
+        export_pool_size: usize,
         max_wait: Duration,
         max_lag: Duration,
     ) -> anyhow::Result<Arc<Self>> {
@@ -160,6 +181,7 @@ impl ReadRouter {
                 Ok(Replica {
                     name,
                     pool: crate::db::create_pool(conn, pool_size)?,
+                    export_pool: crate::db::create_pool(conn, export_pool_size)?,
                     in_rotation: AtomicBool::new(false),
                     last: Mutex::new(report),
                 })
@@ -197,29 +219,36 @@ impl ReadRouter {
         position: impl Fn(&T) -> i64,
         run: impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> DbResult<Served<T>> {
-        if let Some(value) = self.on_some_replica(cursor, &position, &run).await {
+        self.routed(Lane::Requests, &self.primary, cursor, &position, &run).await
+    }
+
+    async fn routed<'a, T>(
+        &self,
+        lane: Lane,
+        primary: &Pool,
+        cursor: Option<i64>,
+        position: &impl Fn(&T) -> i64,
+        run: &impl Fn(Object) -> ReadFuture<'a, T>,
+    ) -> DbResult<Served<T>> {
+        if let Some(value) = self.on_some_replica(lane, cursor, position, run).await {
             return Ok(Served { value, by: Target::Replica });
         }
-        let value = run(self.primary.get().await?).await?;
+        let value = run(primary.get().await?).await?;
         crate::monitoring::db_read(Target::Primary.as_str());
         Ok(Served { value, by: Target::Primary })
     }
 
-    /// A connection for a read that takes its own snapshot afterwards (exports): a replica whose
+    /// A connection for an export, which takes its own snapshot afterwards: from a replica whose
     /// change head has reached `cursor` (replay only moves forward, so the snapshot will show at
-    /// least that), else the primary.
-    pub async fn connection(&self, cursor: i64) -> DbResult<(Object, Target)> {
+    /// least that), else from `primary`, the exports' own pool.
+    pub async fn export_connection(&self, cursor: i64, primary: &Pool) -> DbResult<(Object, Target)> {
         let served = self
-            .read(
-                Some(cursor),
-                |(_, head): &(Object, i64)| *head,
-                |db| {
-                    Box::pin(async move {
-                        let head = super::records::head(&db).await?;
-                        Ok((db, head))
-                    })
-                },
-            )
+            .routed(Lane::Exports, primary, Some(cursor), &|(_, head): &(Object, i64)| *head, &|db| {
+                Box::pin(async move {
+                    let head = super::records::head(&db).await?;
+                    Ok((db, head))
+                })
+            })
             .await?;
         Ok((served.value.0, served.by))
     }
@@ -227,12 +256,13 @@ impl ReadRouter {
     /// `None`: no replica in rotation, or the chosen one failed or stayed behind the cursor.
     async fn on_some_replica<'a, T>(
         &self,
+        lane: Lane,
         cursor: Option<i64>,
         position: &impl Fn(&T) -> i64,
         run: &impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> Option<T> {
         let replica = self.pick()?;
-        match self.on_replica(replica, cursor, position, run).await {
+        match self.on_replica(replica.pool(lane), cursor, position, run).await {
             Ok(Some(value)) => {
                 crate::monitoring::db_read(Target::Replica.as_str());
                 Some(value)
@@ -255,13 +285,13 @@ impl ReadRouter {
     /// `Ok(None)`: the replica did not reach the cursor in time.
     async fn on_replica<'a, T>(
         &self,
-        replica: &Replica,
+        replica: &Pool,
         cursor: Option<i64>,
         position: &impl Fn(&T) -> i64,
         run: &impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> DbResult<Option<T>> {
         let deadline = Instant::now() + self.max_wait;
-        let value = run(replica.pool.get().await?).await?;
+        let value = run(replica.get().await?).await?;
         let Some(cursor) = cursor else { return Ok(Some(value)) };
         if position(&value) >= cursor {
             return Ok(Some(value));
@@ -281,11 +311,11 @@ impl ReadRouter {
                 return Ok(None);
             }
             tokio::time::sleep(POLL.min(deadline - now)).await;
-            if super::records::head(&replica.pool.get().await?).await? >= target {
+            if super::records::head(&replica.get().await?).await? >= target {
                 break;
             }
         }
-        let value = run(replica.pool.get().await?).await?;
+        let value = run(replica.get().await?).await?;
         Ok((position(&value) >= target).then_some(value))
     }
 

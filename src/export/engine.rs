@@ -55,8 +55,10 @@ impl JobProgress {
 /// What the export threads share: the runtime they block on, their pool and the slots.
 pub struct Engine {
     runtime: Handle,
+    /// The exports' own connections to the primary (one per slot).
     pool: deadpool_postgres::Pool,
-    /// Snapshots are taken on a replica when one is configured and current (docs/api.md §18.3).
+    /// The request path's router: snapshots are taken on a replica when one is configured and
+    /// current (docs/api.md §18.3), else on `pool`.
     reads: Arc<ReadRouter>,
     slots: Arc<Semaphore>,
     /// Where jobs write (`DATA_ROOT/exports`); finished files are stored in `exports` under
@@ -118,6 +120,7 @@ impl Engine {
     pub fn start(
         config: &crate::config::Config,
         db_conn: &str,
+        reads: Arc<ReadRouter>,
         clock: Clock,
     ) -> anyhow::Result<(Arc<Engine>, EngineStop)> {
         let slots = config.export_max_concurrent;
@@ -144,17 +147,6 @@ impl Engine {
             handle.spawn(remove_stale_stored(exports.clone(), config.export_job_ttl));
         }
         let pool = crate::db::create_pool(db_conn, slots)?;
-        // The router's checker runs on the export runtime, beside the connections it probes.
-        let reads = {
-            let _on_export_runtime = handle.enter();
-            ReadRouter::new(
-                pool.clone(),
-                &config.db_read_replicas,
-                slots,
-                config.replica_max_wait,
-                config.replica_max_lag,
-            )?
-        };
         let slots = Arc::new(Semaphore::new(slots));
         let engine = Engine { runtime: handle, pool, reads, slots, dir, exports, clock };
         Ok((Arc::new(engine), EngineStop { _stop: stop_tx }))
@@ -238,13 +230,14 @@ impl Engine {
         tx: &mpsc::Sender<Chunk>,
         head_tx: oneshot::Sender<ApiResult<(i64, Target)>>,
     ) {
-        let (mut client, by) = match self.block(self.reads.connection(request.filter.since_change_id)) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = head_tx.send(Err(e.into()));
-                return;
-            }
-        };
+        let (mut client, by) =
+            match self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool)) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = head_tx.send(Err(e.into()));
+                    return;
+                }
+            };
         let (db, head, taken_at) = match self.snapshot(&mut client).map_err(RunError::from).and_then(|db| {
             let (head, taken_at) = self.block(sql::snapshot_head(&db))?;
             Ok((db, head, taken_at))
@@ -333,7 +326,8 @@ impl Engine {
         progress: &JobProgress,
         part: &Path,
     ) -> Result<(), RunError> {
-        let (mut client, by) = self.block(self.reads.connection(request.filter.since_change_id))?;
+        let (mut client, by) =
+            self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool))?;
         let mut result = self.write_job_with(&mut client, request, progress, part);
         if matches!(result, Err(RunError::Db(_))) {
             // Possibly a dead connection: never hand it to the next export.
@@ -458,7 +452,7 @@ impl Run<'_, '_> {
                         &row.observation_id,
                         &mut used,
                     ))?;
-                    serde_json::to_writer(&mut *zip, &observation_json(row))?;
+                    serde_json::to_writer(&mut *zip, &observation_json(row)?)?;
                 }
                 Ok(())
             });
@@ -487,13 +481,14 @@ impl Run<'_, '_> {
         let db = self.db;
         let portal = self.engine.block(sql::open_rows(db, self.filter, self.head, Some(form_type), true))?;
         let mut inference = ColumnInference::new();
-        loop {
-            let batch = self.engine.block(sql::fetch_data(db, &portal, FETCH_ROWS))?;
-            batch.iter().for_each(|data| inference.observe_json_text(data));
-            if batch.len() < FETCH_ROWS as usize {
-                return Ok(inference.finish());
-            }
-        }
+        self.prefetched(
+            || self.engine.block(sql::fetch_data(db, &portal, FETCH_ROWS)),
+            |batch| {
+                batch.iter().for_each(|data| inference.observe_json_text(data));
+                Ok(())
+            },
+        )?;
+        Ok(inference.finish())
     }
 
     fn for_each_batch(
@@ -503,18 +498,46 @@ impl Run<'_, '_> {
     ) -> Result<(), RunError> {
         let db = self.db;
         let portal = self.engine.block(sql::open_rows(db, self.filter, self.head, form_type, false))?;
-        loop {
-            let rows = self.engine.block(sql::fetch_rows(db, &portal, FETCH_ROWS))?;
-            if !rows.is_empty() {
-                f(&rows)?;
-            }
-            if let Some(progress) = self.progress {
-                progress.rows_done.fetch_add(rows.len() as u64, Ordering::Relaxed);
-            }
-            if rows.len() < FETCH_ROWS as usize {
-                return Ok(());
-            }
-        }
+        self.prefetched(
+            || self.engine.block(sql::fetch_rows(db, &portal, FETCH_ROWS)),
+            |rows| {
+                if !rows.is_empty() {
+                    f(&rows)?;
+                }
+                if let Some(progress) = self.progress {
+                    progress.rows_done.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// Reads a portal to its end, `FETCH_ROWS` at a time, handing each batch to `consume` on this
+    /// thread while a helper thread already fetches (and decodes) the next one: the database and
+    /// the encoder work at the same time instead of taking turns. At most three batches exist at
+    /// once (one being fetched, one waiting, one being encoded), so memory stays bounded.
+    fn prefetched<T: Send>(
+        &self,
+        fetch: impl Fn() -> Result<Vec<T>, tokio_postgres::Error> + Sync,
+        mut consume: impl FnMut(Vec<T>) -> Result<(), RunError>,
+    ) -> Result<(), RunError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let fetch = &fetch;
+        std::thread::scope(|scope| {
+            std::thread::Builder::new().name("export-fetch".into()).spawn_scoped(scope, move || {
+                run_in_background();
+                loop {
+                    let batch = fetch();
+                    let last = !matches!(&batch, Ok(rows) if rows.len() == FETCH_ROWS as usize);
+                    // A send fails once the encoder has stopped: nothing more to fetch then.
+                    if tx.send(batch).is_err() || last {
+                        return;
+                    }
+                }
+            })?;
+            // Leaving drops `rx`, which stops the fetcher after the batch it is reading.
+            rx.into_iter().try_for_each(|batch| consume(batch?))
+        })
     }
 }
 

@@ -774,3 +774,121 @@ async fn a_failure_mid_stream_aborts_the_response() {
     assert!(res.bytes().await.is_err(), "a failed export must not end like a complete one");
     wait_for_free_slot(&app, &admin).await;
 }
+
+/// One CSV record (RFC 4180) split into fields.
+fn csv_fields(record: &str) -> Vec<String> {
+    let (mut fields, mut field, mut quoted, mut chars) =
+        (Vec::new(), String::new(), false, record.chars().peekable());
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => fields.push(std::mem::take(&mut field)),
+            (c, _) => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}
+
+/// The leaves of `data` by column name, first non-null in key order (docs/api.md §13.2).
+fn leaves(data: &Value) -> Vec<(String, Value)> {
+    fn walk(map: &serde_json::Map<String, Value>, name: &str, out: &mut Vec<(String, Value)>) {
+        for (key, value) in map {
+            let path = if name.is_empty() { key.clone() } else { format!("{name}.{key}") };
+            match value {
+                Value::Object(inner) => walk(inner, &path, out),
+                Value::Null => {}
+                leaf if !out.iter().any(|(n, _)| *n == format!("data_{path}")) => {
+                    out.push((format!("data_{path}"), leaf.clone()))
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if let Value::Object(map) = data {
+        walk(map, "", &mut out);
+    }
+    out
+}
+
+/// The writers take the stored `data` text as it is when it is already what serialising its value
+/// gives, and go through the value otherwise: every exported row must hold what the stored text
+/// means, whichever way it went.
+#[actix_web::test]
+async fn every_exported_row_holds_its_stored_data_whatever_its_text() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let db = db(&app).await;
+    let texts = [
+        r#"{"a":1,"b":{"c":[1,{"d":2}],"e":null},"f":"x","g":true}"#,
+        r#"{"a": 2, "b": {"c": []}, "f": "spaced", "g": false}"#,
+        r#"{"g":true,"f":"unsorted","a":3}"#,
+        r#"{"a":4,"a":5,"f":"repeated"}"#,
+        r#"{"a":6,"h":1E+5,"i":1e5,"j":-0,"k":0.50,"l":123456789012345678901234567890,"m":1e+5}"#,
+        r#"{"a":7,"f":"tab\there \"q\" back\\slash \u001f é 😀","n":"\/"}"#,
+        r#"{"a":8,"f":"\u0041\u00e9\ud83d\ude00"}"#,
+        r#"{"\n":1,"a":9,"a\"b":{"x":true},"é":false}"#,
+        r#"{"a":10,"b":{"c":"deep","d":{"e":{"f":1}}},"b.c":"collides"}"#,
+        "[1,2]",
+        r#""text""#,
+        "{}",
+    ];
+    for (i, text) in texts.iter().enumerate() {
+        db.execute(
+            "WITH h AS (UPDATE change_head SET head = head + 1 RETURNING head)
+             INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at,
+                                  synced_at, change_id, created_by)
+             SELECT $1, 'texts', '1', $2::text::json, false, now(), now(), now(), h.head, 'admin' FROM h",
+            &[&format!("t{i:02}"), text],
+        )
+        .await
+        .expect("insert record");
+    }
+    let values: Vec<Value> = texts.iter().map(|t| serde_json::from_str(t).unwrap()).collect();
+
+    let res = get(&app, "/data/export?format=parquet", &admin).await;
+    let (batch, _) = read_parquet(unzip(&res.bytes().await.unwrap())[0].2.clone());
+    assert_eq!(batch.num_rows(), texts.len());
+    let data = strings(&batch, "data");
+    for (i, value) in values.iter().enumerate() {
+        assert_eq!(data[i].as_deref(), Some(value.to_string().as_str()), "data of {}", texts[i]);
+        let leaves = leaves(value);
+        for field in batch.schema().fields().iter().filter(|f| f.name().starts_with("data_")) {
+            let expected = leaves.iter().find(|(n, _)| n == field.name()).map(|(_, v)| v);
+            let column = batch.column_by_name(field.name()).unwrap();
+            let got = match field.data_type() {
+                DataType::Int64 => column
+                    .as_primitive::<Int64Type>()
+                    .is_valid(i)
+                    .then(|| json!(ints(&batch, field.name())[i])),
+                DataType::Float64 => column
+                    .as_primitive::<Float64Type>()
+                    .is_valid(i)
+                    .then(|| json!(column.as_primitive::<Float64Type>().value(i))),
+                DataType::Boolean => bools(&batch, field.name())[i].map(Value::Bool),
+                _ => strings(&batch, field.name())[i].clone().map(Value::String),
+            };
+            let want = expected.map(|v| match field.data_type() {
+                DataType::Int64 => json!(v.as_i64()),
+                DataType::Float64 => json!(v.as_f64()),
+                DataType::Boolean => v.clone(),
+                _ => Value::String(v.as_str().map_or_else(|| v.to_string(), str::to_owned)),
+            });
+            assert_eq!(got, want, "{} of {}", field.name(), texts[i]);
+        }
+    }
+
+    let res = get(&app, "/data/export?format=csv", &admin).await;
+    let csv = String::from_utf8(unzip(&res.bytes().await.unwrap())[0].2.clone()).unwrap();
+    // Records end with CRLF; a bare LF can only be inside a quoted field.
+    let records: Vec<Vec<String>> = csv.split("\r\n").filter(|r| !r.is_empty()).map(csv_fields).collect();
+    let data_at = records[0].iter().position(|n| n == "data").unwrap();
+    for (i, value) in values.iter().enumerate() {
+        assert_eq!(records[i + 1][data_at], value.to_string(), "csv data of {}", texts[i]);
+    }
+}

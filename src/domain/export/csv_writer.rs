@@ -2,11 +2,9 @@
 
 use std::io::Write;
 
-use chrono::{DateTime, Utc};
-use serde_json::Value;
-
-use super::inference::{text_of, ColumnProjector};
+use super::projection::{ColumnProjector, Leaf};
 use super::{format_timestamp, ColumnType, DataColumn, ExportError, ExportRow};
+use chrono::{DateTime, Utc};
 
 const FIXED_COLUMNS: [&str; 13] = [
     "observation_id",
@@ -82,7 +80,9 @@ impl<W: Write> CsvFormWriter<W> {
         line.push(',');
         line.push_str(&row.version.to_string());
         line.push(',');
-        push_field(&mut line, &serde_json::to_string(&row.data)?);
+        let mut slots = Vec::with_capacity(self.columns.len());
+        // The stored text when it is already what serialising the parsed value would give.
+        push_field(&mut line, &self.projector.project(&row.data, &mut slots)?);
         line.push(',');
         push_timestamp(&mut line, Some(row.synced_at));
         line.push(',');
@@ -101,10 +101,7 @@ impl<W: Write> CsvFormWriter<W> {
         if let Some(t) = &row.tags {
             push_field(&mut line, &serde_json::to_string(t)?);
         }
-
-        let mut slots = Vec::with_capacity(self.columns.len());
-        self.projector.project(&row.data, &mut slots);
-        for (column, slot) in self.columns.iter().zip(slots) {
+        for (column, slot) in self.columns.iter().zip(&slots) {
             line.push(',');
             if let Some(value) = slot {
                 push_data_value(&mut line, column.column_type, value);
@@ -140,11 +137,11 @@ fn push_timestamp(line: &mut String, ts: Option<DateTime<Utc>>) {
 
 // Numbers are written with their JSON source text (arbitrary_precision), so
 // `1.50` or a 20-digit integer in a DOUBLE column reads back exactly as sent.
-fn push_data_value(line: &mut String, column_type: ColumnType, value: &Value) {
+fn push_data_value(line: &mut String, column_type: ColumnType, value: &Leaf) {
     match (column_type, value) {
-        (ColumnType::Boolean, Value::Bool(b)) => line.push_str(bool_text(*b)),
-        (ColumnType::Int64 | ColumnType::Float64, Value::Number(n)) => line.push_str(&n.to_string()),
-        (ColumnType::Utf8, v) => push_field(line, &text_of(v)),
+        (ColumnType::Boolean, Leaf::Bool(b)) => line.push_str(bool_text(*b)),
+        (ColumnType::Int64 | ColumnType::Float64, Leaf::Number(n)) => line.push_str(n),
+        (ColumnType::Utf8, v) => push_field(line, v.text()),
         // Inference ran over the same rows, so this is only a guard: empty, as null.
         _ => {}
     }

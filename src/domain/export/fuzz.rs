@@ -1,9 +1,11 @@
-//! Property suite of column inference: the streaming pass over JSON text finds what the tree walk
-//! finds.
+//! Property suite of column inference and projection: the streaming passes over JSON text find
+//! what the tree walk finds.
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
+use crate::domain::export::inference::for_each_leaf;
+use crate::domain::export::projection::{scan, ColumnProjector, Leaf};
 use crate::domain::export::ColumnInference;
 use crate::testing::*;
 
@@ -45,5 +47,114 @@ proptest! {
     fn streaming_inference_matches_the_tree_walk(data in json_value()) {
         let (parsed, streamed) = both_ways(&data);
         prop_assert_eq!(parsed, streamed);
+    }
+}
+
+/// What the writers wrote before they read the text: the `data` column as the parsed value
+/// serialised, each data column the first non-null leaf of its name.
+fn by_tree(text: &str) -> (String, Vec<(String, Leaf<'static>)>) {
+    let value: Value = serde_json::from_str(text).unwrap();
+    let mut leaves: Vec<(String, Leaf<'static>)> = Vec::new();
+    for_each_leaf(&value, &mut |name, v| {
+        let leaf = match v {
+            Value::Null => return,
+            Value::Bool(b) => Leaf::Bool(*b),
+            Value::Number(n) => Leaf::Number(n.to_string().into()),
+            Value::String(s) => Leaf::Str(s.clone().into()),
+            other => Leaf::Raw(other.to_string().into()),
+        };
+        if !leaves.iter().any(|(n, _)| n == name) {
+            leaves.push((name.to_owned(), leaf));
+        }
+    });
+    (serde_json::to_string(&value).unwrap(), leaves)
+}
+
+/// The projector on `text` gives what the tree gives, and takes the fast path exactly when the
+/// text is what serialising its value writes.
+fn check_projection(text: &str) {
+    let (data, leaves) = by_tree(text);
+    let mut inference = ColumnInference::new();
+    inference.observe_json_text(text);
+    let columns = inference.finish();
+    let projector = ColumnProjector::new(&columns);
+    let mut out = Vec::new();
+    let written = projector.project(text, &mut out).unwrap();
+    assert_eq!(written, data, "data column of {text}");
+    for (column, slot) in columns.iter().zip(&out) {
+        let expected = leaves.iter().find(|(n, _)| *n == column.name).map(|(_, l)| l);
+        assert_eq!(slot.as_ref(), expected, "{} of {text}", column.name);
+    }
+    assert_eq!(scan(text, &mut |_, _| {}).is_some(), data == text, "fast path for {text}");
+}
+
+/// Objects with their keys in reverse order, a second copy of the first key, no other changes.
+fn reordered(value: &Value) -> String {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            let mut fields: Vec<String> = map
+                .iter()
+                .rev()
+                .map(|(k, v)| format!("{}:{}", Value::from(k.as_str()), reordered(v)))
+                .collect();
+            fields.push(fields[0].clone());
+            format!("{{{}}}", fields.join(","))
+        }
+        Value::Array(items) => format!("[{}]", items.iter().map(reordered).collect::<Vec<_>>().join(",")),
+        other => other.to_string(),
+    }
+}
+
+#[test]
+fn projection_reads_text_as_the_tree_would_on_edge_cases() {
+    let mut deep = json!(1);
+    for _ in 0..80 {
+        deep = json!({"n": deep, "e": {}});
+    }
+    let mut deeper = json!([1]);
+    for _ in 0..110 {
+        deeper = json!([deeper]);
+    }
+    for text in [
+        r#"{"a":1,"b":{"c":[1,{"d":2}],"e":null},"f":"x"}"#,
+        r#"{"a": 1}"#,
+        r#"{"b":1,"a":2}"#,
+        r#"{"a":1,"a":2}"#,
+        r#"{"n":1e5,"m":1E+5,"o":1e+5,"p":-0,"q":0.50,"r":123456789012345678901234567890}"#,
+        r#"{"s":"tab\there \"q\" back\\slash \u001f \u0000 é 😀"}"#,
+        r#"{"s":"\/"}"#,
+        r#"{"s":"\u0041"}"#,
+        r#"{"s":"\u0008"}"#,
+        r#"{"s":"\u001F"}"#,
+        r#"{"s":"\ud83d\ude00"}"#,
+        r#"{"\n":1,"a\"b":{"x":true},"é":false}"#,
+        r#"{"x":[]," y":{}}"#,
+        r#"[1,2]"#,
+        r#""text""#,
+        r#"null"#,
+        r#"{}"#,
+        " {\"a\":1}",
+        "{\"a\":1}\n",
+    ] {
+        check_projection(text);
+    }
+    check_projection(&deep.to_string());
+    // Canonical, but nested past what the scan follows: the tree path answers, equally.
+    let text = deeper.to_string();
+    let (data, _) = by_tree(&format!("{{\"a\":{text}}}"));
+    let projector = ColumnProjector::new(&[]);
+    assert_eq!(projector.project(&format!("{{\"a\":{text}}}"), &mut Vec::new()).unwrap(), data);
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Stored text in any form: compact as pushes store it, pretty-printed, keys reordered and
+    /// repeated.
+    #[test]
+    fn projection_reads_text_as_the_tree_would(data in json_value()) {
+        check_projection(&data.to_string());
+        check_projection(&serde_json::to_string_pretty(&data).unwrap());
+        check_projection(&reordered(&data));
     }
 }

@@ -2,8 +2,7 @@
 //! collects, per flattened leaf path, the JSON kinds seen; the writing pass then
 //! projects every row onto the resulting column set.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
@@ -11,11 +10,11 @@ use serde_json::{Map, Value};
 pub const MAX_DATA_COLUMNS: usize = 1000;
 
 /// Every data column name starts with this; the fixed `data` column cannot collide.
-const COLUMN_PREFIX: &str = "data_";
+pub(super) const COLUMN_PREFIX: &str = "data_";
 
 /// Objects nested deeper than this are treated as leaves (compact JSON text), so
 /// a pathological document cannot exhaust the export thread's stack.
-const MAX_FLATTEN_DEPTH: usize = 64;
+pub(super) const MAX_FLATTEN_DEPTH: usize = 64;
 
 /// Storage type of a data column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -357,51 +356,5 @@ where
             leaf => f(name, leaf),
         }
         name.truncate(len);
-    }
-}
-
-/// Maps a row's `data` onto a fixed column set for the writing pass.
-#[derive(Debug, Clone)]
-pub(crate) struct ColumnProjector {
-    index: HashMap<String, usize>,
-    width: usize,
-}
-
-impl ColumnProjector {
-    pub(crate) fn new(columns: &[DataColumn]) -> Self {
-        let index = columns.iter().enumerate().map(|(i, c)| (c.name.clone(), i)).collect();
-        Self { index, width: columns.len() }
-    }
-
-    /// Fills `out` with one slot per column. When two paths of the same row map to
-    /// one name (`{"a.b": 1, "a": {"b": 2}}`) the first non-null in key order wins;
-    /// inference saw both, so the column type accepts either.
-    pub(crate) fn project<'a>(&self, data: &'a Value, out: &mut Vec<Option<&'a Value>>) {
-        out.clear();
-        out.resize(self.width, None);
-        if self.width == 0 {
-            return;
-        }
-        for_each_leaf(data, &mut |name, value| {
-            if value.is_null() {
-                return;
-            }
-            if let Some(&i) = self.index.get(name) {
-                if let Some(slot) = out.get_mut(i) {
-                    if slot.is_none() {
-                        *slot = Some(value);
-                    }
-                }
-            }
-        });
-    }
-}
-
-/// Text of a value in a UTF8 column: strings as they are, anything else as
-/// compact JSON (numbers keep their source text thanks to arbitrary_precision).
-pub(crate) fn text_of(value: &Value) -> Cow<'_, str> {
-    match value {
-        Value::String(s) => Cow::Borrowed(s.as_str()),
-        other => Cow::Owned(other.to_string()),
     }
 }

@@ -12,6 +12,7 @@ mod inference;
 mod json;
 mod names;
 mod parquet_writer;
+mod projection;
 mod request;
 
 #[cfg(test)]
@@ -41,7 +42,8 @@ pub struct ExportRow {
     pub deleted: bool,
     /// The change_id of the latest change.
     pub version: i64,
-    pub data: Value,
+    /// The stored JSON text.
+    pub data: String,
     pub synced_at: DateTime<Utc>,
     pub geolocation: Option<Value>,
     pub author: Option<String>,

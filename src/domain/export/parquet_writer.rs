@@ -3,6 +3,8 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use super::projection::{ColumnProjector, Leaf};
+use super::{ColumnType, DataColumn, ExportError, ExportRow};
 use arrow::array::{
     ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
 };
@@ -11,10 +13,6 @@ use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
-use serde_json::Value;
-
-use super::inference::{text_of, ColumnProjector};
-use super::{ColumnType, DataColumn, ExportError, ExportRow};
 
 /// Row groups hold at most this many rows; the writer keeps at most one row
 /// group's encoded pages in memory.
@@ -75,13 +73,13 @@ impl DataBuilder {
 
     // A value of an unexpected kind becomes null rather than failing the export:
     // inference ran over the same snapshot, so this only guards against misuse.
-    fn append(&mut self, value: Option<&Value>) {
+    fn append(&mut self, value: Option<&Leaf>) {
         match self {
-            Self::Boolean(b) => b.append_option(value.and_then(Value::as_bool)),
-            Self::Int64(b) => b.append_option(value.and_then(Value::as_i64)),
-            Self::Float64(b) => b.append_option(value.and_then(Value::as_f64)),
+            Self::Boolean(b) => b.append_option(value.and_then(Leaf::as_bool)),
+            Self::Int64(b) => b.append_option(value.and_then(Leaf::as_i64)),
+            Self::Float64(b) => b.append_option(value.and_then(Leaf::as_f64)),
             Self::Utf8(b) => match value {
-                Some(v) => b.append_value(text_of(v)),
+                Some(v) => b.append_value(v.text()),
                 None => b.append_null(),
             },
         }
@@ -173,7 +171,9 @@ impl<W: Write + Send> ParquetFormWriter<W> {
             updated_at.append_option(row.updated_at.map(|t| t.timestamp_micros()));
             deleted.append_value(row.deleted);
             version.append_value(row.version);
-            data.append_value(serde_json::to_string(&row.data)?);
+            // The stored text when it is already what serialising the parsed value would give.
+            let data_text = self.projector.project(&row.data, &mut slots)?;
+            data.append_value(&data_text);
             synced_at.append_value(row.synced_at.timestamp_micros());
             // A JSON null geolocation is "no geolocation": null, not the text "null".
             match row.geolocation.as_ref().filter(|g| !g.is_null()) {
@@ -186,10 +186,8 @@ impl<W: Write + Send> ParquetFormWriter<W> {
                 Some(t) => tags.append_value(serde_json::to_string(t)?),
                 None => tags.append_null(),
             }
-
-            self.projector.project(&row.data, &mut slots);
             for (builder, slot) in data_builders.iter_mut().zip(slots.iter()) {
-                builder.append(*slot);
+                builder.append(slot.as_ref());
             }
         }
 

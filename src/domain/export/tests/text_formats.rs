@@ -8,12 +8,12 @@ use super::*;
 fn csv_columns_and_quoting() {
     let rows = household_rows();
     let mut inf = ColumnInference::new();
-    rows.iter().for_each(|r| inf.observe(&r.data));
+    rows.iter().for_each(|r| inf.observe_json_text(&r.data));
     let mut extra =
         row("obs,3", "household", 45, j(r#"{"head_name": "Line\nbreak, \"quoted\"", "members": 1}"#));
     extra.form_version = String::new();
     extra.author = Some(String::new());
-    inf.observe(&extra.data);
+    inf.observe_json_text(&extra.data);
     let columns = inf.finish();
 
     let mut zip = ExportZip::new(Vec::new());
@@ -84,7 +84,7 @@ fn csv_field_quoting_rules() {
 #[test]
 fn observation_json_has_the_synkronus_shape() {
     let rows = household_rows();
-    let full = observation_json(&rows[0]);
+    let full = observation_json(&rows[0]).unwrap();
     assert_eq!(
         full,
         j(r#"{"observation_id": "obs_1", "form_type": "household", "form_version": "1.0",
@@ -95,7 +95,7 @@ fn observation_json_has_the_synkronus_shape() {
               "geolocation": {"latitude": -1.2921, "longitude": 36.8219, "altitude": null},
               "version": 41, "author": "alice", "device_id": "dev-1", "tags": ["x", "y, \"z\""]}"#)
     );
-    let sparse = observation_json(&rows[1]);
+    let sparse = observation_json(&rows[1]).unwrap();
     assert_eq!(sparse["created_at"], Value::Null);
     assert_eq!(sparse["updated_at"], Value::Null);
     assert_eq!(sparse["geolocation"], Value::Null);
@@ -117,7 +117,7 @@ fn ndjson_lines() {
     assert!(text.ends_with('\n'));
     for (line, r) in lines.iter().zip(household_rows()) {
         assert!(!line.contains('\n'));
-        assert_eq!(j(line), observation_json(&r));
+        assert_eq!(j(line), observation_json(&r).unwrap());
     }
     assert!(lines[0].contains("\"big\":18446744073709551616"));
     assert!(lines[0].starts_with('{') && !lines[0].contains(": "));
@@ -130,7 +130,7 @@ fn raw_json_zip() {
     for r in household_rows().iter().filter(|r| !r.deleted) {
         let name = raw_json_entry_name(&r.form_type, &r.observation_id, &mut used);
         zip.start_json_entry(&name).unwrap();
-        serde_json::to_writer(&mut zip, &observation_json(r)).unwrap();
+        serde_json::to_writer(&mut zip, &observation_json(r).unwrap()).unwrap();
     }
     let mut archive = read_zip(zip.finish().unwrap());
     assert_eq!(archive.len(), 1);
