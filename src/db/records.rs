@@ -3,6 +3,7 @@
 
 use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::db::{stats, DbResult};
@@ -201,18 +202,51 @@ pub async fn list_observations(
         Owner::All => None,
         Owner::User(u) => Some(u),
     };
+    // One statement per filter, each written so that only the index that serves it can: with the
+    // filters as optional conditions on a walk of change_id, a rare form type or a user with few
+    // records made PostgreSQL read the whole table (as pull_page's typed pages did, above).
+    // $1 after, $2 limit, $3 include deleted, then the filters.
+    let limit = limit + 1;
+    let (page, filter): (String, Option<&(dyn ToSql + Sync)>) = match (&owner_filter, form_types.is_empty()) {
+        (None, true) => (
+            format!(
+                "SELECT {RECORD_COLUMNS}, created_by FROM records
+                 WHERE change_id > $1 AND change_id <= h.head AND ($3 OR NOT deleted)
+                 ORDER BY change_id LIMIT $2"
+            ),
+            None,
+        ),
+        (Some(user), true) => (
+            format!(
+                "SELECT {RECORD_COLUMNS}, created_by FROM records
+                 WHERE (created_by, change_id) > ($4::text, $1) AND (created_by, change_id) <= ($4::text, h.head)
+                   AND ($3 OR NOT deleted)
+                 ORDER BY created_by, change_id LIMIT $2"
+            ),
+            Some(user),
+        ),
+        (_, false) => (
+            format!(
+                "SELECT x.* FROM unnest($4::text[]) AS t(ft) CROSS JOIN LATERAL (
+                     SELECT {RECORD_COLUMNS}, created_by FROM records
+                     WHERE (form_type, change_id) > (t.ft, $1) AND (form_type, change_id) <= (t.ft, h.head)
+                       AND ($5::text IS NULL OR created_by = $5) AND ($3 OR NOT deleted)
+                     ORDER BY form_type, change_id LIMIT $2
+                 ) x ORDER BY x.change_id LIMIT $2"
+            ),
+            Some(&form_types),
+        ),
+    };
     let sql = format!(
         "WITH h AS (SELECT head FROM change_head)
-         SELECT h.head, r.* FROM h LEFT JOIN LATERAL (
-             SELECT {RECORD_COLUMNS}, created_by FROM records
-             WHERE change_id > $1 AND change_id <= h.head
-               AND ($2::text IS NULL OR created_by = $2)
-               AND (cardinality($3::text[]) = 0 OR form_type = ANY($3))
-               AND ($4 OR NOT deleted)
-             ORDER BY change_id LIMIT $5
-         ) r ON true"
+         SELECT h.head, r.* FROM h LEFT JOIN LATERAL ({page}) r ON true"
     );
-    let rows = db.query(&sql, &[&after, &owner_filter, &form_types, &include_deleted, &(limit + 1)]).await?;
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&after, &limit, &include_deleted];
+    params.extend(filter);
+    if !form_types.is_empty() {
+        params.push(&owner_filter);
+    }
+    let rows = db.query(&sql, &params).await?;
     let head: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
     let records = rows
         .iter()

@@ -473,6 +473,55 @@ async fn observations_listing_ownership_and_pagination() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+/// Each filter of `/observations` (none, owner, form types, both) pages through exactly its records.
+#[actix_web::test]
+async fn observations_filters_by_owner_and_form_type_page_through_their_records() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let writer = app.user_token(&admin, "filter1", "read-write").await;
+    let records = |prefix: &str| -> Vec<Value> {
+        (0..6)
+            .map(|i| {
+                let form = ["a", "b", "c"][i % 3];
+                json!({"observation_id": format!("{prefix}{i}"), "form_type": form, "data": {"i": i}})
+            })
+            .collect()
+    };
+    app.push(&writer, json!({"transmission_id": "w", "client_id": "c", "records": records("w")})).await;
+    app.push(&admin, json!({"transmission_id": "x", "client_id": "c", "records": records("x")})).await;
+    let ids = |query: &str, token: String| {
+        let app = &app;
+        let query = query.to_string();
+        async move {
+            let mut ids = Vec::new();
+            let mut page_token: Option<String> = None;
+            loop {
+                let mut target = format!("/observations?limit=2&{query}");
+                if let Some(t) = &page_token {
+                    target.push_str(&format!("&page_token={t}"));
+                }
+                let (status, body) = app.call(Method::GET, &target, Some(&token), None).await;
+                assert_eq!(status, StatusCode::OK, "{target}: {body}");
+                for o in body["observations"].as_array().expect("observations") {
+                    ids.push(o["observation_id"].as_str().expect("id").to_string());
+                }
+                match body["next_page_token"].as_str() {
+                    Some(t) if body["has_more"] == true => page_token = Some(t.to_string()),
+                    _ => return ids,
+                }
+            }
+        }
+    };
+    assert_eq!(ids("all=true", admin.clone()).await.len(), 12);
+    assert_eq!(ids("", writer.clone()).await, ["w0", "w1", "w2", "w3", "w4", "w5"]);
+    assert_eq!(ids("user=filter1", admin.clone()).await, ["w0", "w1", "w2", "w3", "w4", "w5"]);
+    assert_eq!(ids("form_type=a,c", writer.clone()).await, ["w0", "w2", "w3", "w5"]);
+    assert_eq!(ids("all=true&form_type=b", admin.clone()).await, ["w1", "w4", "x1", "x4"]);
+    assert_eq!(ids("user=filter1&form_type=b", admin.clone()).await, ["w1", "w4"]);
+    assert!(ids("all=true&form_type=nobody", admin.clone()).await.is_empty());
+    assert!(ids("user=nobody", admin.clone()).await.is_empty());
+}
+
 #[actix_web::test]
 async fn concurrent_duplicates_apply_once() {
     let app = TestApp::spawn().await;
