@@ -165,6 +165,14 @@ pub struct InitialSyncArgs {
     /// Concurrent pushers when seeding.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub seed_concurrency: u64,
+    /// Read each page's bytes without parsing its records (the server-side rate): the cursor
+    /// fields are found in the bytes, records counted by their `observation_id` key.
+    #[arg(long)]
+    pub raw: bool,
+    /// Send `Accept-Encoding: gzip` (as Android's HTTP stack does) and inflate the answers;
+    /// reports bytes per record on the wire and as JSON.
+    #[arg(long)]
+    pub gzip: bool,
     #[command(flatten)]
     #[serde(flatten)]
     pub shape: RecordShape,
