@@ -619,6 +619,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_raw_page_is_read_from_its_outer_fields() {
+        // A record's data holding the page's own keys must not be taken for them.
+        let page = br#"{"current_version":1200,"records":[{"observation_id":"a","data":{"change_cutoff":5,"has_more":false},"version":7},{"observation_id":"b","data":{},"version":9}],"change_cutoff":9,"has_more":true,"next_page_token":"x","sync_format_version":"1.0","repository_generation":1}"#;
+        let body = PullBody { wire_bytes: 10, json: Bytes::from_static(page) };
+        let scanned = body.scan().unwrap();
+        assert_eq!(
+            (scanned.current_version, scanned.change_cutoff, scanned.has_more, scanned.records),
+            (1200, 9, true, 2)
+        );
+        let last = br#"{"current_version":9,"records":[],"change_cutoff":9,"has_more":false,"sync_format_version":"1.0","repository_generation":1}"#;
+        let scanned = PullBody { wire_bytes: 0, json: Bytes::from_static(last) }.scan().unwrap();
+        assert_eq!((scanned.change_cutoff, scanned.has_more, scanned.records), (9, false, 0));
+        assert!(PullBody { wire_bytes: 0, json: Bytes::from_static(b"{}") }.scan().is_none());
+    }
+
+    #[test]
     fn segments_are_fully_encoded() {
         assert_eq!(encode_segment("forms/household/schema.json"), "forms%2Fhousehold%2Fschema.json");
         assert_eq!(encode_segment("photo 1.jpg"), "photo%201.jpg");
