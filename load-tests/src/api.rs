@@ -117,9 +117,44 @@ pub struct PullPage {
     pub records: Vec<PulledRecord>,
     pub change_cutoff: i64,
     pub has_more: bool,
-    /// Length of the response body (set by `Api::pull`, not part of the wire format).
-    #[serde(skip)]
-    pub wire_bytes: usize,
+}
+
+/// A pull answer's bytes: as they crossed the wire, and as JSON.
+pub struct PullBody {
+    pub wire_bytes: u64,
+    pub json: Bytes,
+}
+
+impl PullBody {
+    /// The page's cursor fields and record count read from its bytes without parsing the records.
+    /// The synkronus dialect writes `current_version` first and `change_cutoff` and `has_more` after
+    /// the records, so the first and last occurrences of those keys are the page's own. Records are
+    /// counted by their `"observation_id":` key, exact for the load tool's payloads (whose data
+    /// never holds that key).
+    pub fn scan(&self) -> Option<ScannedPage> {
+        let text = std::str::from_utf8(&self.json).ok()?;
+        let number_after = |at: usize| -> Option<i64> {
+            let rest = &text[at..];
+            let end = rest.find(|c: char| !c.is_ascii_digit() && c != '-').unwrap_or(rest.len());
+            rest[..end].parse().ok()
+        };
+        const HEAD: &str = "\"current_version\":";
+        const CUTOFF: &str = "\"change_cutoff\":";
+        const MORE: &str = "\"has_more\":";
+        let current_version = number_after(text.find(HEAD)? + HEAD.len())?;
+        let change_cutoff = number_after(text.rfind(CUTOFF)? + CUTOFF.len())?;
+        let has_more = text[text.rfind(MORE)? + MORE.len()..].starts_with("true");
+        let records = text.matches("\"observation_id\":").count() as u64;
+        Some(ScannedPage { current_version, change_cutoff, has_more, records })
+    }
+}
+
+/// What [`PullBody::scan`] finds.
+pub struct ScannedPage {
+    pub current_version: i64,
+    pub change_cutoff: i64,
+    pub has_more: bool,
+    pub records: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -426,7 +461,7 @@ impl Api {
     }
 
     /// Decodes a success body; an undecodable one is recorded as a `decode` error of `kind`.
-    fn decode<T: serde::de::DeserializeOwned>(&self, kind: &str, body: &[u8]) -> Result<T, Fail> {
+    pub fn decode<T: serde::de::DeserializeOwned>(&self, kind: &str, body: &[u8]) -> Result<T, Fail> {
         serde_json::from_slice(body).map_err(|e| {
             // Count it as an error of the kind; the latency sample was already taken.
             self.stats.record(kind, Instant::now(), Outcome::Decode);
@@ -434,16 +469,18 @@ impl Api {
         })
     }
 
-    /// `POST /sync/pull` in the synkronus dialect: `since.version` is the cursor, exactly what
-    /// Formulus sends.
-    pub async fn pull(
+    /// `POST /sync/pull` in the synkronus dialect (`since.version` is the cursor, exactly what
+    /// Formulus sends), answered as bytes: with `gzip`, the request accepts
+    /// `Content-Encoding: gzip` and a gzipped answer is inflated here.
+    pub async fn pull_body(
         &self,
         kind: &str,
         client_id: &str,
         since: i64,
         limit: u32,
         schema_types: &[String],
-    ) -> Result<PullPage, Fail> {
+        gzip: bool,
+    ) -> Result<PullBody, Fail> {
         let url = format!("{}?limit={limit}", self.base.join("/sync/pull"));
         let mut body = json!({"client_id": client_id, "since": {"version": since}});
         if !schema_types.is_empty() {
@@ -452,12 +489,28 @@ impl Api {
         let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
         let resp = self
             .exec(kind, true, |c, _| {
-                c.post(&url).header("content-type", "application/json").body(body.clone())
+                let rb = c.post(&url).header("content-type", "application/json").body(body.clone());
+                if gzip {
+                    rb.header("accept-encoding", "gzip")
+                } else {
+                    rb
+                }
             })
             .await?;
-        let mut page: PullPage = self.decode(kind, &resp.body)?;
-        page.wire_bytes = resp.body.len();
-        Ok(page)
+        let wire_bytes = resp.body.len() as u64;
+        if header_str(&resp.headers, "content-encoding").as_deref() != Some("gzip") {
+            return Ok(PullBody { wire_bytes, json: resp.body });
+        }
+        let mut json = Vec::with_capacity(resp.body.len() * 5);
+        let inflated =
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&resp.body[..]), &mut json);
+        match inflated {
+            Ok(_) => Ok(PullBody { wire_bytes, json: Bytes::from(json) }),
+            Err(e) => {
+                self.stats.record(kind, Instant::now(), Outcome::Decode);
+                Err(Fail::Decode(format!("gzip: {e}")))
+            }
+        }
     }
 
     /// `POST /sync/push` with a fresh transmission id, as Formulus does on every attempt.
@@ -605,6 +658,22 @@ impl Api {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raw_page_is_read_from_its_outer_fields() {
+        // A record's data holding the page's own keys must not be taken for them.
+        let page = br#"{"current_version":1200,"records":[{"observation_id":"a","data":{"change_cutoff":5,"has_more":false},"version":7},{"observation_id":"b","data":{},"version":9}],"change_cutoff":9,"has_more":true,"next_page_token":"x","sync_format_version":"1.0","repository_generation":1}"#;
+        let body = PullBody { wire_bytes: 10, json: Bytes::from_static(page) };
+        let scanned = body.scan().unwrap();
+        assert_eq!(
+            (scanned.current_version, scanned.change_cutoff, scanned.has_more, scanned.records),
+            (1200, 9, true, 2)
+        );
+        let last = br#"{"current_version":9,"records":[],"change_cutoff":9,"has_more":false,"sync_format_version":"1.0","repository_generation":1}"#;
+        let scanned = PullBody { wire_bytes: 0, json: Bytes::from_static(last) }.scan().unwrap();
+        assert_eq!((scanned.change_cutoff, scanned.has_more, scanned.records), (9, false, 0));
+        assert!(PullBody { wire_bytes: 0, json: Bytes::from_static(b"{}") }.scan().is_none());
+    }
 
     #[test]
     fn segments_are_fully_encoded() {

@@ -185,6 +185,14 @@ pub struct InitialSyncArgs {
     /// Page size (`limit`, max 500 per the contract).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=500))]
     pub limit: u32,
+    /// Read each page's bytes without parsing its records (the server-side rate): the cursor
+    /// fields are found in the bytes, records counted by their `observation_id` key.
+    #[arg(long)]
+    pub raw: bool,
+    /// Send `Accept-Encoding: gzip` (as Android's HTTP stack does) and inflate the answers;
+    /// reports bytes per record on the wire and as JSON.
+    #[arg(long)]
+    pub gzip: bool,
     #[command(flatten)]
     #[serde(flatten)]
     pub seeding: Seeding,

@@ -1,6 +1,6 @@
 //! Timestamps on the wire (docs/api.md §1.4): RFC 3339 in, UTC `Z` with trimmed microseconds out.
 
-use chrono::{DateTime, SecondsFormat, Timelike, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, Timelike, Utc};
 
 /// Parses RFC 3339 with any offset; a timestamp without an offset is refused.
 pub fn parse_rfc3339(raw: &str) -> Option<DateTime<Utc>> {
@@ -13,6 +13,72 @@ pub fn parse_rfc3339(raw: &str) -> Option<DateTime<Utc>> {
 
 /// UTC with `Z`, fraction to microseconds with trailing zeros trimmed, none when zero.
 pub fn format(t: DateTime<Utc>) -> String {
+    match Stamp::of(t) {
+        Some(stamp) => stamp.as_str().to_string(),
+        None => strftime_format(t),
+    }
+}
+
+/// A timestamp as [`format`] writes it, serialised without allocating. Pull pages write three per
+/// record; chrono's `strftime` interpreter and the strings it built were the largest item of the
+/// pull handler's own profile.
+#[derive(Clone, Copy)]
+pub struct WireTime(pub DateTime<Utc>);
+
+impl serde::Serialize for WireTime {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match Stamp::of(self.0) {
+            Some(stamp) => serializer.serialize_str(stamp.as_str()),
+            None => serializer.serialize_str(&strftime_format(self.0)),
+        }
+    }
+}
+
+/// The common case (years 0–9999, no leap second) written digit by digit.
+struct Stamp {
+    buf: [u8; 27],
+    len: usize,
+}
+
+impl Stamp {
+    fn of(t: DateTime<Utc>) -> Option<Stamp> {
+        let (date, time) = (t.date_naive(), t.time());
+        let (year, nanos) = (date.year(), time.nanosecond());
+        if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
+            return None;
+        }
+        let mut buf = *b"0000-00-00T00:00:00.000000Z";
+        let mut put = |at: usize, width: usize, mut value: u32| {
+            for i in (at..at + width).rev() {
+                buf[i] = b'0' + (value % 10) as u8;
+                value /= 10;
+            }
+        };
+        put(0, 4, year.unsigned_abs());
+        put(5, 2, date.month());
+        put(8, 2, date.day());
+        put(11, 2, time.hour());
+        put(14, 2, time.minute());
+        put(17, 2, time.second());
+        put(20, 6, nanos / 1000);
+        let mut end = 26;
+        while end > 20 && buf[end - 1] == b'0' {
+            end -= 1;
+        }
+        if end == 20 {
+            end = 19; // no fraction: no dot either
+        }
+        buf[end] = b'Z';
+        Some(Stamp { buf, len: end + 1 })
+    }
+
+    fn as_str(&self) -> &str {
+        // Only ASCII digits and punctuation were written.
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
+    }
+}
+
+fn strftime_format(t: DateTime<Utc>) -> String {
     let micros = t.nanosecond() / 1000;
     if micros == 0 {
         return t.to_rfc3339_opts(SecondsFormat::Secs, true);
@@ -34,5 +100,26 @@ mod tests {
         assert_eq!(format(parse_rfc3339("2025-06-27T12:55:58+02:00").unwrap()), "2025-06-27T10:55:58Z");
         assert_eq!(format(parse_rfc3339("2025-06-27T10:55:58.120000Z").unwrap()), "2025-06-27T10:55:58.12Z");
         assert!(parse_rfc3339("2025-06-27T10:55:58").is_none());
+    }
+
+    #[test]
+    fn digit_by_digit_equals_strftime() {
+        use chrono::TimeZone;
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let edges = [0i64, 1, -1, 253_402_300_799, -62_167_219_200, 951_782_400, 1_719_316_800];
+        let spread: Vec<i64> =
+            (0..20_000).map(|_| (next() % 400_000_000_000) as i64 - 70_000_000_000).collect();
+        for secs in edges.into_iter().chain(spread) {
+            for micros in [0u32, 1, 10, 120_000, 999_999, (next() % 1_000_000) as u32] {
+                let t = Utc.timestamp_opt(secs, micros * 1000).unwrap();
+                assert_eq!(format(t), strftime_format(t), "{secs} {micros}");
+            }
+        }
     }
 }

@@ -10,6 +10,7 @@ use crate::domain::page_token::{self, TokenKind};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::compress::negotiated;
 use crate::http::extract::{audit_origin, state, Auth, JsonBody};
 use crate::http::sync::{query_pairs, X_REPOSITORY_GENERATION};
 use crate::http::wire;
@@ -87,7 +88,7 @@ pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
             username: d.username,
         })
         .collect();
-    Ok(crate::http::context::served_by(HttpResponse::Ok().json(devices), served.by))
+    Ok(negotiated(&req, crate::http::context::served_by(HttpResponse::Ok().json(devices), served.by)))
 }
 
 fn bad_filter(name: &str, message: String) -> ApiError {
@@ -175,7 +176,7 @@ pub async fn audit_log(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRe
             target: row.target,
         })
         .collect();
-    Ok(HttpResponse::Ok().json(AuditPage { items, next_page_token }))
+    Ok(negotiated(&req, HttpResponse::Ok().json(AuditPage { items, next_page_token })))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

@@ -10,6 +10,7 @@ use crate::domain::role::Role;
 use crate::domain::sync::clamp_limit;
 use crate::domain::sync::encode::synkronus_record;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::compress::negotiated;
 use crate::http::context::served_by;
 use crate::http::extract::{path_param, state, Auth};
 use crate::http::sync::query_pairs;
@@ -132,7 +133,7 @@ pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespons
         next_page_token: page_token::encode(TokenKind::Observations, &next),
         observations,
     });
-    Ok(served_by(res, served.by))
+    Ok(negotiated(&req, served_by(res, served.by)))
 }
 
 /// One record
@@ -225,7 +226,7 @@ pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
         .map(|last| page_token::encode(TokenKind::History, &HistoryCursor { b: last.record.change_id }));
     let res =
         HttpResponse::Ok().json(History { has_more, next_page_token, observation_id: id, revisions: items });
-    Ok(served_by(res, served.by))
+    Ok(negotiated(&req, served_by(res, served.by)))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

@@ -16,6 +16,7 @@ use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push_bo
 use crate::domain::sync::push_body::PushBody;
 use crate::domain::sync::{encode, Dialect, PullPage, PullRequest, PushRequest, StoredRecord, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
+use crate::http::compress::negotiated;
 use crate::http::context::{served_by, X_API_VERSION_USED};
 use crate::http::extract::{api_version, malformed_json, parse_json_as, state, Auth, BodyBytes, JsonBody};
 use crate::state::AppState;
@@ -225,7 +226,7 @@ fn pull_response(
     report_sync(req, st, username, &pull.client_id, Some(pull.after));
     crate::monitoring::records_pulled(pull.dialect, page.records.len());
     let body = encode::pull_response(pull.dialect, page).map_err(ApiError::internal)?;
-    Ok(served_by(dialect_response(pull.dialect, body, page.repository_generation), *by))
+    Ok(negotiated(req, served_by(dialect_response(pull.dialect, body, page.repository_generation), *by)))
 }
 
 /// Pull a page of changes (dialect from the body)

@@ -11,6 +11,7 @@ mod bundles;
 mod cli;
 mod clients2026;
 mod cluster;
+mod compress;
 mod conventions;
 mod crash;
 mod defaults;

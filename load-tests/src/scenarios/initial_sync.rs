@@ -1,7 +1,9 @@
 //! `initial-sync`: one device pulls N records from cursor 0, page by page until `has_more` is
 //! false, checking change_ids strictly increase across pages and that N distinct records arrive.
+//! `--raw` leaves the records unparsed (the server-side rate: only the count is checked), `--gzip`
+//! asks for gzipped pages and reports bytes per record on the wire.
 
-use super::{rate, seed_records, Ctx, PullLoop};
+use super::{rate, seed_records, Ctx, PullLoop, PullMode};
 use crate::cli::InitialSyncArgs;
 use anyhow::Result;
 use std::collections::HashSet;
@@ -38,6 +40,8 @@ pub async fn run(ctx: Arc<Ctx>, a: InitialSyncArgs) -> Result<()> {
     let mut seen: HashSet<String> = HashSet::with_capacity(a.records as usize);
     let mut duplicates = 0u64;
     let mut requests = 0u64;
+    let mode = PullMode { gzip: a.gzip, raw: a.raw };
+    let (mut wire_bytes, mut json_bytes) = (0u64, 0u64);
     let start = Instant::now();
     loop {
         if ctx.common.requests.is_some_and(|r| requests >= r) {
@@ -45,7 +49,7 @@ pub async fn run(ctx: Arc<Ctx>, a: InitialSyncArgs) -> Result<()> {
             break;
         }
         requests += 1;
-        let page = match pl.page(&ctx.api, "pull", &client_id, a.limit, &types).await {
+        let page = match pl.page_as(&ctx.api, "pull", &client_id, a.limit, &types, mode).await {
             Ok(p) => p,
             Err(f) => {
                 // A fresh device would retry the same cursor; so do we, a bounded number of times.
@@ -56,7 +60,9 @@ pub async fn run(ctx: Arc<Ctx>, a: InitialSyncArgs) -> Result<()> {
                 continue;
             }
         };
-        ctx.progress.inc(page.ids.len() as u64);
+        ctx.progress.inc(page.records);
+        wire_bytes += page.wire_bytes;
+        json_bytes += page.json_bytes;
         for (id, _) in page.ids {
             if !seen.insert(id) {
                 duplicates += 1;
@@ -67,8 +73,13 @@ pub async fn run(ctx: Arc<Ctx>, a: InitialSyncArgs) -> Result<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let distinct = seen.len() as u64;
+    // Raw pages carry no ids: their count stands in for the distinct ids.
+    let distinct = if a.raw { pl.records } else { seen.len() as u64 };
     ctx.result("records_received", distinct);
+    if distinct > 0 {
+        ctx.result("wire_bytes_per_record", wire_bytes as f64 / distinct as f64);
+        ctx.result("json_bytes_per_record", json_bytes as f64 / distinct as f64);
+    }
     ctx.result("pages", pl.pages);
     ctx.result("pull_secs", secs);
     ctx.result("records_per_sec", rate(distinct as f64, secs));

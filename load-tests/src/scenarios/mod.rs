@@ -13,7 +13,7 @@ pub mod scale;
 pub mod seed;
 pub mod stats_latency;
 
-use crate::api::{Api, Fail, PushResult};
+use crate::api::{Api, Fail, PullPage, PushResult, ScannedPage};
 use crate::cli::Common;
 use crate::payload;
 use crate::progress::Progress;
@@ -186,11 +186,22 @@ pub struct PullLoop {
     pub records: u64,
 }
 
+/// How a pull loop asks for and reads its pages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PullMode {
+    /// Accept `Content-Encoding: gzip` and inflate the answers.
+    pub gzip: bool,
+    /// Leave the records unparsed (see `PullBody::scan`): no ids, no per-record checks.
+    pub raw: bool,
+}
+
 pub struct PulledPage {
+    /// Empty in raw mode.
     pub ids: Vec<(String, i64)>,
+    pub records: u64,
+    pub wire_bytes: u64,
+    pub json_bytes: u64,
     pub done: bool,
-    /// Response body length.
-    pub bytes: usize,
 }
 
 impl PullLoop {
@@ -198,7 +209,8 @@ impl PullLoop {
         PullLoop { cursor, pages: 0, records: 0 }
     }
 
-    /// Fetches one page and advances the cursor. `Err` is a failed request (already recorded).
+    /// Fetches one page as the real clients do and advances the cursor. `Err` is a failed
+    /// request (already recorded).
     pub async fn page(
         &mut self,
         api: &Api,
@@ -207,47 +219,63 @@ impl PullLoop {
         limit: u32,
         types: &[String],
     ) -> Result<PulledPage, Fail> {
+        self.page_as(api, kind, client_id, limit, types, PullMode::default()).await
+    }
+
+    /// [`PullLoop::page`] read the way `mode` says.
+    pub async fn page_as(
+        &mut self,
+        api: &Api,
+        kind: &str,
+        client_id: &str,
+        limit: u32,
+        types: &[String],
+        mode: PullMode,
+    ) -> Result<PulledPage, Fail> {
         let after = self.cursor;
-        let page = api.pull(kind, client_id, after, limit, types).await?;
-        let stats = &api.stats;
-        let mut prev = after;
-        for r in &page.records {
-            if r.version <= prev {
-                stats.violation(
-                    "change_id_not_increasing",
-                    format!("{} has version {} after {prev} (cursor {after})", r.observation_id, r.version),
+        let body = api.pull_body(kind, client_id, after, limit, types, mode.gzip).await?;
+        let (page, ids) = if mode.raw {
+            let Some(page) = body.scan() else {
+                api.stats.violation(
+                    "unreadable_pull_page",
+                    format!("the page after {after} lacks its cursor fields"),
                 );
-            }
-            if r.version > page.current_version {
-                stats.violation(
-                    "record_above_head",
-                    format!(
-                        "{} version {} > current_version {}",
-                        r.observation_id, r.version, page.current_version
-                    ),
-                );
-            }
-            prev = prev.max(r.version);
-        }
+                return Err(Fail::Decode("a pull page without its cursor fields".into()));
+            };
+            (page, Vec::new())
+        } else {
+            let page: PullPage = api.decode(kind, &body.json)?;
+            check_records(&api.stats, after, &page);
+            let scanned = ScannedPage {
+                current_version: page.current_version,
+                change_cutoff: page.change_cutoff,
+                has_more: page.has_more,
+                records: page.records.len() as u64,
+            };
+            (scanned, page.records.into_iter().map(|r| (r.observation_id, r.version)).collect())
+        };
+        let done = self.advance(&api.stats, after, &page);
+        Ok(PulledPage {
+            ids,
+            records: page.records,
+            wire_bytes: body.wire_bytes,
+            json_bytes: body.json.len() as u64,
+            done,
+        })
+    }
+
+    /// The checks every page gets (P3, P4) and the next cursor (§8.2 rule 5); true when done.
+    fn advance(&mut self, stats: &Stats, after: i64, page: &ScannedPage) -> bool {
         if page.change_cutoff > page.current_version {
             stats.violation(
                 "cutoff_above_head",
                 format!("change_cutoff {} > current_version {}", page.change_cutoff, page.current_version),
             );
         }
-        if let Some(last) = page.records.last() {
-            if page.change_cutoff != last.version {
-                stats.violation(
-                    "cutoff_not_last_record",
-                    format!("change_cutoff {} but last record version {}", page.change_cutoff, last.version),
-                );
-            }
-        }
         self.pages += 1;
-        self.records += page.records.len() as u64;
-        stats.add("records_pulled", page.records.len() as u64);
-        let bytes = page.wire_bytes;
-        let done = if page.has_more {
+        self.records += page.records;
+        stats.add("records_pulled", page.records);
+        if page.has_more {
             if page.change_cutoff <= after {
                 // P3: without progress the loop would spin forever; report and stop.
                 stats.violation(
@@ -263,12 +291,39 @@ impl PullLoop {
             // Rule 6: with nothing more, the next cursor is the snapshot head.
             self.cursor = page.current_version.max(after);
             true
-        };
-        Ok(PulledPage {
-            ids: page.records.into_iter().map(|r| (r.observation_id, r.version)).collect(),
-            done,
-            bytes,
-        })
+        }
+    }
+}
+
+/// P2 and P4 on a decoded page: versions strictly increase from the cursor, none above the head,
+/// and the cutoff is the last record's version.
+fn check_records(stats: &Stats, after: i64, page: &PullPage) {
+    let mut prev = after;
+    for r in &page.records {
+        if r.version <= prev {
+            stats.violation(
+                "change_id_not_increasing",
+                format!("{} has version {} after {prev} (cursor {after})", r.observation_id, r.version),
+            );
+        }
+        if r.version > page.current_version {
+            stats.violation(
+                "record_above_head",
+                format!(
+                    "{} version {} > current_version {}",
+                    r.observation_id, r.version, page.current_version
+                ),
+            );
+        }
+        prev = prev.max(r.version);
+    }
+    if let Some(last) = page.records.last() {
+        if page.change_cutoff != last.version {
+            stats.violation(
+                "cutoff_not_last_record",
+                format!("change_cutoff {} but last record version {}", page.change_cutoff, last.version),
+            );
+        }
     }
 }
 

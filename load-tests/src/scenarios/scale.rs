@@ -111,7 +111,7 @@ async fn probes(ctx: &Arc<Ctx>, a: &ScaleArgs, step: &str, types: &[String]) -> 
         for _ in 0..n {
             let mut pl = PullLoop::new(from.max(0));
             if let Ok(p) = pl.page(&ctx.api, &kind, &client_id, PAGE, filter).await {
-                bytes += p.bytes as u64;
+                bytes += p.wire_bytes;
                 records += p.ids.len() as u64;
             }
         }

@@ -6,11 +6,7 @@ use serde_json::{Map, Value};
 
 use super::{Dialect, PullCursor, PullPage, PushResult, StoredRecord, Warning};
 use crate::domain::page_token::{self, TokenKind};
-use crate::domain::time::format;
-
-fn ts(t: Option<chrono::DateTime<chrono::Utc>>) -> Option<String> {
-    t.map(format)
-}
+use crate::domain::time::WireTime;
 
 /// The Observation (8.7) with the given key style: the synkronus dialect's snake_case, or camel.
 /// Borrowed, with raw JSON: serialising it copies the stored text and parses nothing. One
@@ -24,9 +20,9 @@ macro_rules! observation_record {
             form_type: &'a str,
             form_version: &'a str,
             data: &'a RawValue,
-            created_at: Option<String>,
-            updated_at: Option<String>,
-            synced_at: String,
+            created_at: Option<WireTime>,
+            updated_at: Option<WireTime>,
+            synced_at: WireTime,
             deleted: bool,
             geolocation: Option<&'a RawValue>,
             version: i64,
@@ -42,9 +38,9 @@ macro_rules! observation_record {
                     form_type: &r.form_type,
                     form_version: &r.form_version,
                     data: &r.data,
-                    created_at: ts(r.created_at),
-                    updated_at: ts(r.updated_at),
-                    synced_at: format(r.synced_at),
+                    created_at: r.created_at.map(WireTime),
+                    updated_at: r.updated_at.map(WireTime),
+                    synced_at: WireTime(r.synced_at),
                     deleted: r.deleted,
                     geolocation: r.geolocation.as_deref(),
                     version: r.change_id,
@@ -67,7 +63,7 @@ struct SpecRecord<'a> {
     schema_version: &'a str,
     data: &'a RawValue,
     change_id: i64,
-    last_modified: String,
+    last_modified: WireTime,
     deleted: bool,
 }
 
@@ -123,43 +119,73 @@ struct CamelPull<'a> {
 
 /// The pull response body in `dialect`, serialised.
 pub fn pull_response(dialect: Dialect, page: &PullPage) -> serde_json::Result<Vec<u8>> {
+    // Sized up front: growing a page of hundreds of KB by doubling copied it several times over,
+    // each time into freshly faulted memory.
+    let mut out = Vec::with_capacity(page_size_estimate(page));
+    write_pull_response(&mut out, dialect, page)?;
+    Ok(out)
+}
+
+/// The stored JSON plus what each record's fields and keys add (about 330 bytes), plus the page's own.
+fn page_size_estimate(page: &PullPage) -> usize {
+    let json = |v: &Option<Box<RawValue>>| v.as_ref().map_or(0, |j| j.get().len());
+    let records: usize = page
+        .records
+        .iter()
+        .map(|r| {
+            330 + r.id.len() + r.form_type.len() + r.data.get().len() + json(&r.geolocation) + json(&r.tags)
+        })
+        .sum();
+    records + 512
+}
+
+fn write_pull_response(out: &mut Vec<u8>, dialect: Dialect, page: &PullPage) -> serde_json::Result<()> {
     let cutoff = page.change_cutoff();
     match dialect {
-        Dialect::Synkronus => serde_json::to_vec(&SynkronusPull {
-            current_version: page.head,
-            records: page.records.iter().map(SynkronusRecord::of).collect(),
-            change_cutoff: cutoff,
-            has_more: page.has_more,
-            next_page_token: page.has_more.then(|| next_page_token(page)),
-            sync_format_version: "1.0",
-            repository_generation: page.repository_generation,
-        }),
-        Dialect::Spec => serde_json::to_vec(&SpecPull {
-            records: page
-                .records
-                .iter()
-                .map(|r| SpecRecord {
-                    id: &r.id,
-                    schema_type: &r.form_type,
-                    schema_version: &r.form_version,
-                    data: &r.data,
-                    change_id: r.change_id,
-                    last_modified: format(r.synced_at),
-                    deleted: r.deleted,
-                })
-                .collect(),
-            change_cutoff: cutoff,
-            next_page_token: next_page_token(page),
-            has_more: page.has_more,
-            repository_generation: page.repository_generation,
-        }),
-        Dialect::Camel => serde_json::to_vec(&CamelPull {
-            changes: CamelChanges { observations: page.records.iter().map(CamelRecord::of).collect() },
-            timestamp: page.resume_after(),
-            has_more: page.has_more,
-            change_cutoff: cutoff,
-            repository_generation: page.repository_generation,
-        }),
+        Dialect::Synkronus => serde_json::to_writer(
+            out,
+            &SynkronusPull {
+                current_version: page.head,
+                records: page.records.iter().map(SynkronusRecord::of).collect(),
+                change_cutoff: cutoff,
+                has_more: page.has_more,
+                next_page_token: page.has_more.then(|| next_page_token(page)),
+                sync_format_version: "1.0",
+                repository_generation: page.repository_generation,
+            },
+        ),
+        Dialect::Spec => serde_json::to_writer(
+            out,
+            &SpecPull {
+                records: page
+                    .records
+                    .iter()
+                    .map(|r| SpecRecord {
+                        id: &r.id,
+                        schema_type: &r.form_type,
+                        schema_version: &r.form_version,
+                        data: &r.data,
+                        change_id: r.change_id,
+                        last_modified: WireTime(r.synced_at),
+                        deleted: r.deleted,
+                    })
+                    .collect(),
+                change_cutoff: cutoff,
+                next_page_token: next_page_token(page),
+                has_more: page.has_more,
+                repository_generation: page.repository_generation,
+            },
+        ),
+        Dialect::Camel => serde_json::to_writer(
+            out,
+            &CamelPull {
+                changes: CamelChanges { observations: page.records.iter().map(CamelRecord::of).collect() },
+                timestamp: page.resume_after(),
+                has_more: page.has_more,
+                change_cutoff: cutoff,
+                repository_generation: page.repository_generation,
+            },
+        ),
     }
 }
 
