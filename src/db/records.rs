@@ -5,7 +5,10 @@ use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
 use tokio_postgres::Row;
 
-use crate::db::{stats, DbResult};
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio_postgres::types::{IsNull, ToSql, Type};
+
+use crate::db::{stats, DbError, DbResult};
 use crate::domain::sync::StoredRecord;
 
 /// The columns a record's current state is written with by binary `COPY` (a push's new records
@@ -32,8 +35,69 @@ pub(crate) const COPY_TYPES: [tokio_postgres::types::Type; 14] = {
     ]
 };
 
+/// How many bytes of rows a binary `COPY` sends per message. tokio-postgres' own writer sends
+/// 4 KB at a time through a channel of one message, so a group commit of a few megabytes paid
+/// a task switch every few rows; a bigger chunk keeps the connection's buffer bounded all the same.
+const COPY_CHUNK_BYTES: usize = 256 << 10;
+
+/// Rows in PostgreSQL's binary `COPY` format, handed out in chunks of about `COPY_CHUNK_BYTES`.
+pub(crate) struct BinaryCopyRows<'t> {
+    types: &'t [Type],
+    buf: BytesMut,
+}
+
+impl<'t> BinaryCopyRows<'t> {
+    pub(crate) fn new(types: &'t [Type]) -> Self {
+        let mut buf = BytesMut::with_capacity(COPY_CHUNK_BYTES + (COPY_CHUNK_BYTES >> 2));
+        buf.put_slice(b"PGCOPY\n\xff\r\n\0");
+        buf.put_i32(0); // flags
+        buf.put_i32(0); // header extension
+        BinaryCopyRows { types, buf }
+    }
+
+    /// Appends one row, its values in the order of the types.
+    pub(crate) fn row(&mut self, values: &[&(dyn ToSql + Sync)]) -> DbResult<()> {
+        if values.len() != self.types.len() {
+            return Err(DbError::Other(
+                format!("COPY row of {} values for {} columns", values.len(), self.types.len()).into(),
+            ));
+        }
+        self.buf.put_i16(self.types.len() as i16);
+        for (value, ty) in values.iter().zip(self.types) {
+            let at = self.buf.len();
+            self.buf.put_i32(0);
+            let len = match value.to_sql_checked(ty, &mut self.buf).map_err(DbError::Other)? {
+                IsNull::Yes => -1,
+                IsNull::No => {
+                    i32::try_from(self.buf.len() - at - 4).map_err(|e| DbError::Other(Box::new(e)))?
+                }
+            };
+            self.buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        }
+        Ok(())
+    }
+
+    /// The rows so far, once they fill a chunk.
+    pub(crate) fn full_chunk(&mut self) -> Option<Bytes> {
+        (self.buf.len() >= COPY_CHUNK_BYTES).then(|| {
+            let chunk = self.buf.split().freeze();
+            self.buf.reserve(COPY_CHUNK_BYTES + (COPY_CHUNK_BYTES >> 2));
+            chunk
+        })
+    }
+
+    /// The last chunk, with the end-of-data marker.
+    pub(crate) fn finish(mut self) -> Bytes {
+        self.buf.put_i16(-1);
+        self.buf.freeze()
+    }
+}
+
 /// Serialises change_id allocation across server processes sharing one database.
-const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
+pub(super) const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
+pub(super) const LOCK_SQL: &str = "SELECT pg_advisory_xact_lock($1)";
+pub(super) const HEAD_SQL: &str = "SELECT head, repository_generation FROM change_head";
+pub(super) const SET_HEAD_SQL: &str = "UPDATE change_head SET head = $1";
 
 /// The JSON columns are read as text and kept raw (see `StoredRecord`).
 const RECORD_COLUMNS: &str = "id, form_type, form_version, data::text, deleted, created_at, updated_at, \
@@ -124,7 +188,7 @@ pub struct Head {
 /// Takes the change log's transaction-scoped advisory lock: every commit that allocates change_ids
 /// holds it, so ids are assigned in commit order across every process sharing the database.
 pub async fn lock_change_log(db: &impl GenericClient) -> DbResult<()> {
-    db.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    db.execute(LOCK_SQL, &[&CHANGELOG_LOCK]).await?;
     Ok(())
 }
 
@@ -133,7 +197,7 @@ pub async fn head(db: &impl GenericClient) -> DbResult<i64> {
 }
 
 pub async fn head_and_generation(db: &impl GenericClient) -> DbResult<Head> {
-    let row = db.query_one("SELECT head, repository_generation FROM change_head", &[]).await?;
+    let row = db.query_one(HEAD_SQL, &[]).await?;
     Ok(Head { change_id: row.get(0), repository_generation: row.get(1) })
 }
 
@@ -158,7 +222,7 @@ pub async fn reset_repository(db: &impl GenericClient) -> DbResult<Head> {
 }
 
 pub async fn set_head(db: &impl GenericClient, head: i64) -> DbResult<()> {
-    db.execute("UPDATE change_head SET head = $1", &[&head]).await?;
+    db.execute(SET_HEAD_SQL, &[&head]).await?;
     Ok(())
 }
 
