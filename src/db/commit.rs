@@ -11,10 +11,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio_postgres::types::{Json, ToSql, Type};
 
-use bytes::Bytes;
-use futures_util::SinkExt;
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
 
-use super::records::{self, raw_json, BinaryCopyRows, Head};
+use super::records::{self, raw_json, Head};
 use crate::db::{stats, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
 use crate::monitoring::CommitPhases;
@@ -318,7 +317,9 @@ pub async fn write_plan(
 }
 
 /// New records go in through binary COPY: no parameter arrays to build and unnest, and the rows
-/// stream to the server in chunks instead of one statement of many megabytes.
+/// stream to the server in small messages instead of one statement of many megabytes. (Sending
+/// them in 256 KB messages instead was measured slower: PostgreSQL then waits for each chunk
+/// instead of inserting rows while the next ones are encoded; BENCHMARKS.md.)
 async fn copy_current_rows(
     tx: &Transaction<'_>,
     b: &RevisionBatch<'_>,
@@ -330,38 +331,38 @@ async fn copy_current_rows(
         records::COPY_COLUMNS
     );
     let statement = tx.prepare_cached(&statement).await?;
-    let mut sink = std::pin::pin!(tx.copy_in::<_, Bytes>(&statement).await?);
+    let sink = tx.copy_in(&statement).await?;
     let provenance = [Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BOOL];
     let types = [records::COPY_TYPES.as_slice(), &provenance].concat();
-    let mut rows = BinaryCopyRows::new(&types);
+    let writer = BinaryCopyInWriter::new(sink, &types);
+    let mut writer = std::pin::pin!(writer);
     for i in 0..b.change_id.len() {
-        rows.row(&[
-            &b.record_id[i],
-            &b.form_type[i],
-            &b.form_version[i],
-            &b.data[i],
-            &b.deleted[i],
-            &b.created_at[i],
-            &b.updated_at[i],
-            &synced_at,
-            &b.geolocation[i],
-            &b.author[i],
-            &b.device_id[i],
-            &b.tags[i],
-            &b.change_id[i],
-            &b.created_by[i],
-            &b.client_id[i],
-            &b.transmission_id[i],
-            &b.pushed_by[i],
-            &b.overwrote_version[i],
-            &b.conflict[i],
-        ])?;
-        if let Some(chunk) = rows.full_chunk() {
-            sink.as_mut().send(chunk).await?;
-        }
+        writer
+            .as_mut()
+            .write(&[
+                &b.record_id[i],
+                &b.form_type[i],
+                &b.form_version[i],
+                &b.data[i],
+                &b.deleted[i],
+                &b.created_at[i],
+                &b.updated_at[i],
+                &synced_at,
+                &b.geolocation[i],
+                &b.author[i],
+                &b.device_id[i],
+                &b.tags[i],
+                &b.change_id[i],
+                &b.created_by[i],
+                &b.client_id[i],
+                &b.transmission_id[i],
+                &b.pushed_by[i],
+                &b.overwrote_version[i],
+                &b.conflict[i],
+            ])
+            .await?;
     }
-    sink.as_mut().send(rows.finish()).await?;
-    sink.as_mut().finish().await?;
+    writer.finish().await?;
     Ok(())
 }
 

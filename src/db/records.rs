@@ -5,10 +5,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::value::RawValue;
 use tokio_postgres::Row;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use tokio_postgres::types::{IsNull, ToSql, Type};
-
-use crate::db::{stats, DbError, DbResult};
+use crate::db::{stats, DbResult};
 use crate::domain::sync::StoredRecord;
 
 /// The columns a record's current state is written with by binary `COPY` (a push's new records
@@ -34,64 +31,6 @@ pub(crate) const COPY_TYPES: [tokio_postgres::types::Type; 14] = {
         Type::TEXT,        // created_by
     ]
 };
-
-/// How many bytes of rows a binary `COPY` sends per message. tokio-postgres' own writer sends
-/// 4 KB at a time through a channel of one message, so a group commit of a few megabytes paid
-/// a task switch every few rows; a bigger chunk keeps the connection's buffer bounded all the same.
-const COPY_CHUNK_BYTES: usize = 256 << 10;
-
-/// Rows in PostgreSQL's binary `COPY` format, handed out in chunks of about `COPY_CHUNK_BYTES`.
-pub(crate) struct BinaryCopyRows<'t> {
-    types: &'t [Type],
-    buf: BytesMut,
-}
-
-impl<'t> BinaryCopyRows<'t> {
-    pub(crate) fn new(types: &'t [Type]) -> Self {
-        let mut buf = BytesMut::with_capacity(COPY_CHUNK_BYTES + (COPY_CHUNK_BYTES >> 2));
-        buf.put_slice(b"PGCOPY\n\xff\r\n\0");
-        buf.put_i32(0); // flags
-        buf.put_i32(0); // header extension
-        BinaryCopyRows { types, buf }
-    }
-
-    /// Appends one row, its values in the order of the types.
-    pub(crate) fn row(&mut self, values: &[&(dyn ToSql + Sync)]) -> DbResult<()> {
-        if values.len() != self.types.len() {
-            return Err(DbError::Other(
-                format!("COPY row of {} values for {} columns", values.len(), self.types.len()).into(),
-            ));
-        }
-        self.buf.put_i16(self.types.len() as i16);
-        for (value, ty) in values.iter().zip(self.types) {
-            let at = self.buf.len();
-            self.buf.put_i32(0);
-            let len = match value.to_sql_checked(ty, &mut self.buf).map_err(DbError::Other)? {
-                IsNull::Yes => -1,
-                IsNull::No => {
-                    i32::try_from(self.buf.len() - at - 4).map_err(|e| DbError::Other(Box::new(e)))?
-                }
-            };
-            self.buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
-        }
-        Ok(())
-    }
-
-    /// The rows so far, once they fill a chunk.
-    pub(crate) fn full_chunk(&mut self) -> Option<Bytes> {
-        (self.buf.len() >= COPY_CHUNK_BYTES).then(|| {
-            let chunk = self.buf.split().freeze();
-            self.buf.reserve(COPY_CHUNK_BYTES + (COPY_CHUNK_BYTES >> 2));
-            chunk
-        })
-    }
-
-    /// The last chunk, with the end-of-data marker.
-    pub(crate) fn finish(mut self) -> Bytes {
-        self.buf.put_i16(-1);
-        self.buf.freeze()
-    }
-}
 
 /// Serialises change_id allocation across server processes sharing one database.
 pub(super) const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
