@@ -246,9 +246,9 @@ const ARCHIVE_SQL: &str =
 /// record's last revision becomes its current state, the kept statistics change by the same
 /// records, the transmission results are stored and the head moves to `plan.head`.
 ///
-/// Three round trips whatever the batch: the statements are prepared once per connection, and
-/// those that do not wait for each other are pipelined (PostgreSQL runs them in the order sent;
-/// each group is sent only after the one before it has answered).
+/// Two round trips and the COPY whatever the batch: the statements are prepared once per
+/// connection, and those that do not wait for each other are pipelined (PostgreSQL runs them in
+/// the order sent; each group is sent only after the one before it has answered).
 pub async fn write_plan(
     db: &Transaction<'_>,
     pushes: &[&Push],
