@@ -3,7 +3,7 @@
 //! is scraped are read by the metrics handler and set through the gauges here.
 
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -206,6 +206,40 @@ pub fn set_active_bundle(active: Option<String>) {
         gauge!("synkronus_bundle_active_info", "version" => new.clone()).set(1.0);
     }
     *shown = active;
+}
+
+/// Where a group commit's time goes, phase by phase, logged at debug level (target
+/// `synkronus::monitoring`; BENCHMARKS.md, "Push: where a group commit's time goes").
+pub struct CommitPhases {
+    last: Instant,
+    pushes: usize,
+    records: usize,
+    queue_wait: Duration,
+    laps: Vec<(&'static str, Duration)>,
+}
+
+impl CommitPhases {
+    /// `queue_wait`: how long the oldest push of the group waited for the commit to start.
+    pub fn start(pushes: usize, records: usize, queue_wait: Duration) -> Self {
+        CommitPhases { last: Instant::now(), pushes, records, queue_wait, laps: Vec::with_capacity(16) }
+    }
+
+    /// Ends the current phase under `name`.
+    pub fn lap(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.laps.push((name, now - self.last));
+        self.last = now;
+    }
+
+    pub fn log(&self) {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let laps: Vec<String> =
+            self.laps.iter().map(|(n, d)| format!("{n}={:.2}", d.as_secs_f64() * 1e3)).collect();
+        tracing::debug!(pushes = self.pushes, records = self.records,
+            queue_wait_ms = self.queue_wait.as_secs_f64() * 1e3, phases_ms = %laps.join(" "), "group commit");
+    }
 }
 
 #[cfg(test)]

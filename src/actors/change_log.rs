@@ -4,6 +4,7 @@
 //! records, revisions and transmission results, moves the head, commits, then answers each sender.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use actix::prelude::*;
 use chrono::{SubsecRound, Utc};
@@ -12,13 +13,14 @@ use tokio::sync::oneshot;
 
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
 use crate::db::audit;
-use crate::db::commit::{self, RevisionBatch};
+use crate::db::commit;
 use crate::db::records::{self, Head};
 use crate::domain::audit::{Action, Origin};
 pub use crate::domain::sync::plan::Push;
-use crate::domain::sync::plan::{self, Outcome};
+use crate::domain::sync::plan::{self, Decision, Outcome};
 use crate::domain::sync::PushResult;
 use crate::error::{ApiError, ApiResult, ErrorCode, SharedError};
+use crate::monitoring::CommitPhases;
 
 /// Bounds on one group commit: enough to amortise the transaction, small enough to keep latency
 /// flat. The byte bound also keeps every statement far below PostgreSQL's 1 GB message limit
@@ -41,6 +43,7 @@ pub struct PushOutcome {
 struct Pending {
     push: Push,
     reply: oneshot::Sender<ApiResult<PushOutcome>>,
+    queued_at: Instant,
 }
 
 /// Records a new attachment with the next change_id, so attachment manifests share the records'
@@ -107,21 +110,34 @@ impl ChangeLogHandle {
 pub struct ChangeLog {
     pool: Pool,
     pending: VecDeque<Waiting>,
-    committing: bool,
+    /// Commits started and not yet answered: at most two, one per connection of the change log.
+    in_flight: usize,
+    /// The commit still writing, if any (by its number): the next one starts once it has sent its
+    /// COMMIT, so that one's reads, plan and wait for the lock overlap this one's WAL flush.
+    writing: Option<u64>,
+    started: u64,
 }
 
 impl ChangeLog {
     pub fn new(pool: Pool) -> Self {
-        ChangeLog { pool, pending: VecDeque::new(), committing: false }
+        ChangeLog { pool, pending: VecDeque::new(), in_flight: 0, writing: None, started: 0 }
     }
 
-    /// Starts the next commit unless one is running: a group of waiting pushes, or one attachment.
+    /// Starts the next commit unless one is still writing or both connections are busy: a group
+    /// of waiting pushes, or one attachment or reset (which counts as writing until it is done).
     fn commit_next(&mut self, ctx: &mut Context<Self>) {
-        if self.committing || self.pending.is_empty() {
+        if self.writing.is_some() || self.in_flight >= 2 || self.pending.is_empty() {
             return;
         }
-        self.committing = true;
+        self.started += 1;
+        let id = self.started;
+        self.writing = Some(id);
+        self.in_flight += 1;
         let pool = self.pool.clone();
+        let done = move |act: &mut Self, ctx: &mut Context<Self>| {
+            act.in_flight -= 1;
+            act.writes_done(id, ctx);
+        };
         if let Some(waiting) = self.pending.pop_front_if(|w| !matches!(w, Waiting::Push(..))) {
             let work = async move {
                 match waiting {
@@ -131,13 +147,10 @@ impl ChangeLog {
                     Waiting::Reset(origin, reply) => {
                         let _ = reply.send(reset(&pool, &origin).await);
                     }
-                    Waiting::Push(p) => commit_and_reply(pool, vec![p]).await,
+                    Waiting::Push(p) => commit_and_reply(pool, vec![p], None).await,
                 }
             };
-            ctx.spawn(actix::fut::wrap_future::<_, Self>(work).map(|_, act, ctx| {
-                act.committing = false;
-                act.commit_next(ctx);
-            }));
+            ctx.spawn(actix::fut::wrap_future::<_, Self>(work).map(move |_, act, ctx| done(act, ctx)));
             return;
         }
         let mut batch = Vec::new();
@@ -159,10 +172,22 @@ impl ChangeLog {
                 batch.push(p);
             }
         }
-        ctx.spawn(actix::fut::wrap_future::<_, Self>(commit_and_reply(pool, batch)).map(|_, act, ctx| {
-            act.committing = false;
-            act.commit_next(ctx);
-        }));
+        let (wrote, written) = oneshot::channel();
+        // A commit that fails before its COMMIT drops `wrote`: the next one may start all the same.
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(written).map(move |_, act, ctx| act.writes_done(id, ctx)),
+        );
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(commit_and_reply(pool, batch, Some(wrote)))
+                .map(move |_, act, ctx| done(act, ctx)),
+        );
+    }
+
+    fn writes_done(&mut self, id: u64, ctx: &mut Context<Self>) {
+        if self.writing == Some(id) {
+            self.writing = None;
+        }
+        self.commit_next(ctx);
     }
 }
 
@@ -180,7 +205,7 @@ impl Handler<Push> for ChangeLog {
 
     fn handle(&mut self, push: Push, ctx: &mut Self::Context) -> Self::Result {
         let (reply, answer) = oneshot::channel();
-        self.pending.push_back(Waiting::Push(Pending { push, reply }));
+        self.pending.push_back(Waiting::Push(Pending { push, reply, queued_at: Instant::now() }));
         self.commit_next(ctx);
         Box::pin(async move {
             answer.await.unwrap_or_else(|_| Err(ApiError::internal("change log dropped a push")))
@@ -245,20 +270,24 @@ async fn commit_attachment(pool: &Pool, new: NewAttachment) -> ApiResult<Attachm
 
 /// Commits a batch; if the batch as a whole fails for a reason other than the database being
 /// away, each push is retried alone so that one bad push cannot fail the others.
-async fn commit_and_reply(pool: Pool, batch: Vec<Pending>) {
+/// `wrote` is told when the group's writes are done and its COMMIT is sent.
+async fn commit_and_reply(pool: Pool, batch: Vec<Pending>, wrote: Option<oneshot::Sender<()>>) {
     crate::monitoring::group_commit(batch.len());
     let pushes: Vec<&Push> = batch.iter().map(|p| &p.push).collect();
-    match commit(&pool, &pushes).await {
+    let mut phases = phases_of(&batch);
+    match commit(&pool, &pushes, &mut phases, wrote).await {
         Ok(outcomes) => {
             for (pending, outcome) in batch.into_iter().zip(outcomes) {
                 let _ = pending.reply.send(outcome);
             }
+            phases.lap("reply");
+            phases.log();
         }
         Err(e) if batch.len() > 1 && e.code != ErrorCode::ServiceUnavailable => {
             tracing::warn!(error = %e, cause = %e.cause_chain(), pushes = batch.len(),
                 "group commit failed; committing its pushes one by one");
             for pending in batch {
-                let outcome = match commit(&pool, &[&pending.push]).await {
+                let outcome = match commit(&pool, &[&pending.push], &mut phases_of(&[]), None).await {
                     Ok(mut outcomes) => {
                         outcomes.pop().unwrap_or_else(|| Err(ApiError::internal("empty commit")))
                     }
@@ -285,16 +314,30 @@ async fn commit_and_reply(pool: Pool, batch: Vec<Pending>) {
 
 /// One transaction for the whole batch: reads what the plan needs, writes what it planned. The
 /// outer error fails the batch; inner errors are per push.
-async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOutcome>>> {
+async fn commit(
+    pool: &Pool,
+    pushes: &[&Push],
+    phases: &mut CommitPhases,
+    wrote: Option<oneshot::Sender<()>>,
+) -> ApiResult<Vec<ApiResult<PushOutcome>>> {
     let mut client = pool.get().await?;
+    phases.lap("connection");
     let tx = client.transaction().await?;
-    records::lock_change_log(&tx).await?;
-    let Head { change_id: head, repository_generation } = records::head_and_generation(&tx).await?;
+    phases.lap("begin");
+    // The records of every push are read as if all applied: replays are rare, and reading with
+    // the lock saves a round trip that every commit would otherwise pay.
     let (clients, transmission_ids) = plan::transmission_keys(pushes);
-    let stored = commit::find_transmissions(&tx, &clients, &transmission_ids).await?;
-    let decisions = plan::decide(pushes, stored, repository_generation);
-    let (ids, need_data) = plan::records_to_read(pushes, &decisions);
-    let states = commit::current_states(&tx, &ids, &need_data).await?;
+    let (all_ids, all_need_data) = plan::records_to_read(pushes, &vec![Decision::Apply; pushes.len()]);
+    let inputs = commit::lock_and_read(&tx, &clients, &transmission_ids, &all_ids, &all_need_data).await?;
+    phases.lap("lock_and_read");
+    let Head { change_id: head, repository_generation } = inputs.head;
+    let decisions = plan::decide(pushes, inputs.transmissions, repository_generation);
+    let mut states = inputs.states;
+    let (ids, _) = plan::records_to_read(pushes, &decisions);
+    if ids.len() != all_ids.len() {
+        // Only the records this batch writes count as overwritten.
+        states.retain(|id, _| ids.binary_search(&id.as_str()).is_ok());
+    }
 
     // Server time is the commit time; microseconds, as the database stores it.
     let now = Utc::now().trunc_subsecs(6);
@@ -302,13 +345,13 @@ async fn commit(pool: &Pool, pushes: &[&Push]) -> ApiResult<Vec<ApiResult<PushOu
     // Records that existed before this batch and that it overwrites: their current state is
     // archived as a superseded revision.
     let overwritten: Vec<&str> = states.keys().map(String::as_str).collect();
-    let revisions = RevisionBatch::from_plan(&plan);
-    commit::write_revisions(&tx, &revisions, &plan.superseded_in_batch, &overwritten, now).await?;
-    commit::insert_transmissions(&tx, pushes, &plan).await?;
-    if plan.head != head {
-        records::set_head(&tx, plan.head).await?;
+    phases.lap("plan");
+    commit::write_plan(&tx, pushes, &plan, &overwritten, now, phases).await?;
+    if let Some(wrote) = wrote {
+        let _ = wrote.send(());
     }
     tx.commit().await?;
+    phases.lap("commit");
     Ok(plan.outcomes(decisions).into_iter().map(answer).collect())
 }
 
@@ -321,4 +364,14 @@ fn answer(outcome: Outcome) -> ApiResult<PushOutcome> {
         Outcome::ResetRequired(generation) => Err(reset_required(generation)),
         Outcome::Lost => Err(ApiError::internal("missing push result")),
     }
+}
+
+/// A stopwatch for `batch`'s commit, its queue wait measured from the oldest push.
+fn phases_of(batch: &[Pending]) -> CommitPhases {
+    let now = Instant::now();
+    CommitPhases::start(
+        batch.len(),
+        batch.iter().map(|p| p.push.records.len()).sum(),
+        batch.iter().map(|p| now - p.queued_at).max().unwrap_or_default(),
+    )
 }

@@ -9,71 +9,89 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Transaction};
 use serde_json::value::RawValue;
 use serde_json::Value;
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{Json, ToSql, Type};
 
-use super::records::{self, raw_json};
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
+
+use super::records::{self, raw_json, Head};
 use crate::db::{stats, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
+use crate::monitoring::CommitPhases;
 
-/// The stored state of the records a commit touches (see `plan::records_to_read`).
-pub async fn current_states(
-    db: &impl GenericClient,
-    ids: &[&str],
-    need_data: &[&str],
-) -> DbResult<HashMap<String, CurrentState>> {
-    let rows = db
-        .query(
-            "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data::text END
-             FROM records WHERE id = ANY($1)",
-            &[&ids, &need_data],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            (
-                r.get::<_, String>(0),
-                CurrentState {
-                    change_id: r.get(1),
-                    created_at: r.get(2),
-                    created_by: r.get(3),
-                    data: r.get::<_, Option<String>>(4).map(raw_json),
-                },
-            )
-        })
-        .collect())
+const STATES_SQL: &str =
+    "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data::text END
+     FROM records WHERE id = ANY($1)";
+
+const TRANSMISSIONS_SQL: &str = "SELECT t.client_id, t.transmission_id, t.fingerprint, t.result
+     FROM transmissions t
+     JOIN unnest($1::text[], $2::text[]) AS k(c, i) ON t.client_id = k.c AND t.transmission_id = k.i";
+
+type Param<'a> = dyn ToSql + Sync + 'a;
+
+/// What a group commit reads under the change-log lock before it plans.
+pub struct PlanInputs {
+    pub head: Head,
+    /// The stored results of the transmissions the batch names, for replay or mismatch detection.
+    pub transmissions: Vec<StoredTransmission>,
+    /// The stored state of the records asked for (see `plan::records_to_read`).
+    pub states: HashMap<String, CurrentState>,
 }
 
-/// The stored results of the transmissions a batch names, for replay or mismatch detection.
-pub async fn find_transmissions(
-    db: &impl GenericClient,
+/// Takes the change-log lock and reads the plan's inputs in one round trip: the statements are
+/// prepared once per connection and pipelined, and PostgreSQL runs them in the order sent, so every
+/// read happens after the lock is held, each in a snapshot taken after it.
+pub async fn lock_and_read(
+    tx: &Transaction<'_>,
     client_ids: &[String],
     transmission_ids: &[String],
-) -> DbResult<Vec<StoredTransmission>> {
-    if client_ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rows = db
-        .query(
-            "SELECT t.client_id, t.transmission_id, t.fingerprint, t.result
-             FROM transmissions t
-             JOIN unnest($1::text[], $2::text[]) AS k(c, i) ON t.client_id = k.c AND t.transmission_id = k.i",
-            &[&client_ids, &transmission_ids],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| {
-            let result: Value = r.get(3);
-            Some(StoredTransmission {
-                client_id: r.get(0),
-                transmission_id: r.get(1),
-                fingerprint: r.get(2),
-                result: serde_json::from_value(result).ok()?,
+    ids: &[&str],
+    need_data: &[&str],
+) -> DbResult<PlanInputs> {
+    let (lock, head, transmissions, states) = futures_util::try_join!(
+        tx.prepare_cached(records::LOCK_SQL),
+        tx.prepare_cached(records::HEAD_SQL),
+        tx.prepare_cached(TRANSMISSIONS_SQL),
+        tx.prepare_cached(STATES_SQL),
+    )?;
+    // try_join! polls in argument order, and a prepared statement is sent on its first poll.
+    let lock_params: &[&Param<'_>] = &[&records::CHANGELOG_LOCK];
+    let keys: &[&Param<'_>] = &[&client_ids, &transmission_ids];
+    let wanted: &[&Param<'_>] = &[&ids, &need_data];
+    let (_, head, transmissions, states) = futures_util::try_join!(
+        tx.execute(&lock, lock_params),
+        tx.query_one(&head, &[]),
+        tx.query(&transmissions, keys),
+        tx.query(&states, wanted),
+    )?;
+    Ok(PlanInputs {
+        head: Head { change_id: head.get(0), repository_generation: head.get(1) },
+        transmissions: transmissions
+            .iter()
+            .filter_map(|r| {
+                let result: Value = r.get(3);
+                Some(StoredTransmission {
+                    client_id: r.get(0),
+                    transmission_id: r.get(1),
+                    fingerprint: r.get(2),
+                    result: serde_json::from_value(result).ok()?,
+                })
             })
-        })
-        .collect())
+            .collect(),
+        states: states
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    CurrentState {
+                        change_id: r.get(1),
+                        created_at: r.get(2),
+                        created_by: r.get(3),
+                        data: r.get::<_, Option<String>>(4).map(raw_json),
+                    },
+                )
+            })
+            .collect(),
+    })
 }
 
 /// Column arrays for one set-based insert of revisions (and, from the last revision of each id,
@@ -214,66 +232,94 @@ impl<'a> RevisionBatch<'a> {
     }
 }
 
-/// Commits a batch's revisions: the current state of every record it overwrites moves to
-/// `record_revisions` (copied inside the database), in-batch revisions that a later one replaces go
-/// there too, and each record's last revision becomes its current state.
-pub async fn write_revisions(
+const ARCHIVE_SQL: &str =
+    "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
+         updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
+         overwrote_version, conflict)
+     SELECT change_id, id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
+            geolocation, author, device_id, tags, client_id, transmission_id, pushed_by, overwrote_version,
+            conflict
+     FROM records WHERE id = ANY($1)";
+
+/// Writes a plan: the current state of every record it overwrites moves to `record_revisions`
+/// (copied inside the database), in-batch revisions that a later one replaces go there too, each
+/// record's last revision becomes its current state, the kept statistics change by the same
+/// records, the transmission results are stored and the head moves to `plan.head`.
+///
+/// Two round trips and the COPY whatever the batch: the statements are prepared once per
+/// connection, and those that do not wait for each other are pipelined (PostgreSQL runs them in
+/// the order sent; each group is sent only after the one before it has answered).
+pub async fn write_plan(
     db: &Transaction<'_>,
-    b: &RevisionBatch<'_>,
-    superseded_in_batch: &[usize],
+    pushes: &[&Push],
+    plan: &Plan<'_>,
     overwritten_ids: &[&str],
     synced_at: DateTime<Utc>,
+    phases: &mut CommitPhases,
 ) -> DbResult<()> {
-    if b.is_empty() {
-        return Ok(());
-    }
-    if !overwritten_ids.is_empty() {
-        db.execute(
-            "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
-                 updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
-                 overwrote_version, conflict)
-             SELECT change_id, id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-                    geolocation, author, device_id, tags, client_id, transmission_id, pushed_by, overwrote_version,
-                    conflict
-             FROM records WHERE id = ANY($1)",
-            &[&overwritten_ids],
-        )
-        .await?;
-    }
-    if !superseded_in_batch.is_empty() {
-        insert_revision_rows(db, &b.select(superseded_in_batch), synced_at).await?;
-    }
-    // Each record's last revision in the batch becomes its current state: a plain insert for new
-    // ids and an update for stored ones. Under the change-log lock nobody else writes records, so
-    // neither needs ON CONFLICT's speculative insertion, nor a sort to keep one row per id.
+    let b = RevisionBatch::from_plan(plan);
     let mut superseded = vec![false; b.change_id.len()];
-    for &i in superseded_in_batch {
+    for &i in &plan.superseded_in_batch {
         superseded[i] = true;
     }
+    // First what reads the stored state of the records this batch overwrites.
+    let archive = async {
+        if !overwritten_ids.is_empty() {
+            let statement = db.prepare_cached(ARCHIVE_SQL).await?;
+            db.execute(&statement, &[&overwritten_ids]).await?;
+        }
+        Ok(())
+    };
+    let in_batch = async {
+        if !plan.superseded_in_batch.is_empty() {
+            insert_revision_rows(db, &b.select(&plan.superseded_in_batch), synced_at).await?;
+        }
+        Ok(())
+    };
     let current = (0..b.change_id.len()).filter(|&i| !superseded[i]);
-    stats::count_changes(
+    let counts = stats::count_changes(
         db,
         overwritten_ids,
         current.map(|i| (b.form_type[i], b.created_at[i], b.deleted[i])),
-    )
-    .await?;
+    );
+    futures_util::try_join!(archive, in_batch, counts)?;
+    phases.lap("revisions_stats");
+    // Each record's last revision in the batch becomes its current state: a plain insert for new
+    // ids and an update for stored ones. Under the change-log lock nobody else writes records, so
+    // neither needs ON CONFLICT's speculative insertion, nor a sort to keep one row per id.
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
         (0..b.change_id.len()).filter(|&i| !superseded[i]).partition(|&i| stored.contains(b.record_id[i]));
-    if inserts.len() == b.change_id.len() {
+    if inserts.len() == b.change_id.len() && !inserts.is_empty() {
         // Only new records, each once (the usual big push): the batch itself, not a copy of it.
-        copy_current_rows(db, b, synced_at).await?;
+        copy_current_rows(db, &b, synced_at).await?;
     } else if !inserts.is_empty() {
         copy_current_rows(db, &b.select(&inserts), synced_at).await?;
     }
-    if !updates.is_empty() {
-        update_current_rows(db, &b.select(&updates), synced_at).await?;
-    }
+    phases.lap("copy");
+    let update = async {
+        if !updates.is_empty() {
+            update_current_rows(db, &b.select(&updates), synced_at).await?;
+        }
+        Ok(())
+    };
+    let head = async {
+        // Every revision took an id: none means the head stays (a batch of replays).
+        if !plan.revisions.is_empty() {
+            let statement = db.prepare_cached(records::SET_HEAD_SQL).await?;
+            db.execute(&statement, &[&plan.head]).await?;
+        }
+        Ok(())
+    };
+    futures_util::try_join!(update, insert_transmissions(db, pushes, plan), head)?;
+    phases.lap("update_transmissions_head");
     Ok(())
 }
 
 /// New records go in through binary COPY: no parameter arrays to build and unnest, and the rows
-/// stream to the server in small messages instead of one statement of many megabytes.
+/// stream to the server in small messages instead of one statement of many megabytes. (Sending
+/// them in 256 KB messages instead was measured slower: PostgreSQL then waits for each chunk
+/// instead of inserting rows while the next ones are encoded; BENCHMARKS.md.)
 async fn copy_current_rows(
     tx: &Transaction<'_>,
     b: &RevisionBatch<'_>,
@@ -284,7 +330,8 @@ async fn copy_current_rows(
          FROM STDIN (FORMAT binary)",
         records::COPY_COLUMNS
     );
-    let sink = tx.copy_in(statement.as_str()).await?;
+    let statement = tx.prepare_cached(&statement).await?;
+    let sink = tx.copy_in(&statement).await?;
     let provenance = [Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BOOL];
     let types = [records::COPY_TYPES.as_slice(), &provenance].concat();
     let writer = BinaryCopyInWriter::new(sink, &types);
@@ -334,7 +381,8 @@ async fn update_current_rows(
          FROM {REVISION_UNNEST}
          WHERE records.id = u.r"
     );
-    db.execute(&sql, &b.revision_params(&synced_at)).await?;
+    let statement = db.prepare_cached(&sql).await?;
+    db.execute(&statement, &b.revision_params(&synced_at)).await?;
     Ok(())
 }
 
@@ -350,7 +398,8 @@ async fn insert_revision_rows(
          SELECT c, r, ft, fv, d, del, ca, ua, $18, g, au, dv, tg, cl, tr, pb, ov, cf
          FROM {REVISION_UNNEST}"
     );
-    db.execute(&sql, &b.revision_params(&synced_at)).await?;
+    let statement = db.prepare_cached(&sql).await?;
+    db.execute(&statement, &b.revision_params(&synced_at)).await?;
     Ok(())
 }
 
@@ -373,11 +422,12 @@ pub async fn insert_transmissions(
     if clients.is_empty() {
         return Ok(());
     }
-    db.execute(
-        "INSERT INTO transmissions (client_id, transmission_id, fingerprint, result)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[])",
-        &[&clients, &ids, &prints, &results],
-    )
-    .await?;
+    let statement = db
+        .prepare_cached(
+            "INSERT INTO transmissions (client_id, transmission_id, fingerprint, result)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[])",
+        )
+        .await?;
+    db.execute(&statement, &[&clients, &ids, &prints, &results]).await?;
     Ok(())
 }

@@ -34,7 +34,10 @@ pub(crate) const COPY_TYPES: [tokio_postgres::types::Type; 14] = {
 };
 
 /// Serialises change_id allocation across server processes sharing one database.
-const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
+pub(super) const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
+pub(super) const LOCK_SQL: &str = "SELECT pg_advisory_xact_lock($1)";
+pub(super) const HEAD_SQL: &str = "SELECT head, repository_generation FROM change_head";
+pub(super) const SET_HEAD_SQL: &str = "UPDATE change_head SET head = $1";
 
 /// The JSON columns are read as text and kept raw (see `StoredRecord`).
 const RECORD_COLUMNS: &str = "id, form_type, form_version, data::text, deleted, created_at, updated_at, \
@@ -129,7 +132,7 @@ pub struct Head {
 /// Takes the change log's transaction-scoped advisory lock: every commit that allocates change_ids
 /// holds it, so ids are assigned in commit order across every process sharing the database.
 pub async fn lock_change_log(db: &impl GenericClient) -> DbResult<()> {
-    db.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    db.execute(LOCK_SQL, &[&CHANGELOG_LOCK]).await?;
     Ok(())
 }
 
@@ -138,7 +141,7 @@ pub async fn head(db: &impl GenericClient) -> DbResult<i64> {
 }
 
 pub async fn head_and_generation(db: &impl GenericClient) -> DbResult<Head> {
-    let row = db.query_one("SELECT head, repository_generation FROM change_head", &[]).await?;
+    let row = db.query_one(HEAD_SQL, &[]).await?;
     Ok(Head { change_id: row.get(0), repository_generation: row.get(1) })
 }
 
@@ -163,7 +166,7 @@ pub async fn reset_repository(db: &impl GenericClient) -> DbResult<Head> {
 }
 
 pub async fn set_head(db: &impl GenericClient, head: i64) -> DbResult<()> {
-    db.execute("UPDATE change_head SET head = $1", &[&head]).await?;
+    db.execute(SET_HEAD_SQL, &[&head]).await?;
     Ok(())
 }
 

@@ -60,7 +60,8 @@ pub async fn count_changes<'a>(
          )
          SELECT form_type, day::text, deleted FROM counted WHERE n = 0"
     );
-    let emptied = db.query(&sql, &[&replaced_ids, &form_types, &days, &deleted, &counts]).await?;
+    let statement = db.prepare_cached(&sql).await?;
+    let emptied = db.query(&statement, &[&replaced_ids, &form_types, &days, &deleted, &counts]).await?;
     if !emptied.is_empty() {
         // Keeps the table as small as the live keys, and the timeline's span honest.
         let form_types: Vec<String> = emptied.iter().map(|r| r.get(0)).collect();
