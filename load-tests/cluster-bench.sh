@@ -16,6 +16,8 @@
 # `keepalive 64;` in the upstream block (connections to the nodes reused) on BASE_PORT+4.
 # Only the processes this script starts are stopped, by pid.
 set -uo pipefail
+# shellcheck source=../scripts/nginx-conf.sh
+source "$(dirname "$0")/../scripts/nginx-conf.sh"
 
 BIN=$1 LOAD=$2 W=$3 PORT=$4
 shift 4
@@ -73,43 +75,9 @@ node() { # name port db data_root [env...]: starts one node, its pid appended to
 }
 
 balancer() { # listen_port keepalive upstream_ports...: nginx, round robin, docs/deploy.md's configuration
-	local listen=$1 keepalive=$2 d=$W/nginx-$1 ups=""
-	shift 2
+	local listen=$1 d=$W/nginx-$1
 	rm -rf "$d"
-	mkdir -p "$d"
-	for u in "$@"; do ups+="    server 127.0.0.1:$u;"$'\n'; done
-	if [ "$keepalive" -gt 0 ]; then ups+="    keepalive $keepalive;"$'\n'; fi
-	cat >"$d/nginx.conf" <<EOF
-daemon off;
-worker_processes 1;
-pid $d/nginx.pid;
-error_log $d/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_max_body_size 0;
-  client_body_temp_path $d/client_body;
-  proxy_temp_path $d/proxy;
-  fastcgi_temp_path $d/fastcgi;
-  uwsgi_temp_path $d/uwsgi;
-  scgi_temp_path $d/scgi;
-  upstream synkronus {
-$ups  }
-  server {
-    listen 127.0.0.1:$listen;
-    location / {
-      proxy_pass http://synkronus;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host \$http_host;
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_request_buffering off;
-      proxy_buffering off;
-      proxy_read_timeout 300s;
-    }
-  }
-}
-EOF
+	write_nginx_conf "$d" "$@"
 	"$NGINX" -c "$d/nginx.conf" -p "$d" -e "$d/error.log" &
 	pids+=($!)
 	ready "$listen"

@@ -19,6 +19,8 @@
 # gets a data root of its own (CLUSTER_DIR/node-x: bundle cache, uploads in flight): the database
 # and the bucket are all they share.
 set -euo pipefail
+# shellcheck source=nginx-conf.sh
+source "$(dirname "$0")/nginx-conf.sh"
 
 BIN=${1:-${CARGO_TARGET_DIR:-target}/release/synkronus}
 PORT=${CLUSTER_PORT:-8080}
@@ -89,7 +91,7 @@ if [ "${CLUSTER_STORAGE:-}" = moto ]; then
 	echo "cluster: moto on port $s3_port, pid $!, bucket synkronus-cluster (in memory)"
 fi
 
-upstreams=""
+node_ports=()
 port=$PORT
 for name in node-a node-b node-c; do
 	port=$((port + 1))
@@ -101,41 +103,10 @@ for name in node-a node-b node-c; do
 	pids+=($!)
 	ready "$port"
 	echo "cluster: $name on port $port, pid $!, log $DIR/$name.log"
-	upstreams+="    server 127.0.0.1:$port;"$'\n'
+	node_ports+=("$port")
 done
 
-mkdir -p "$DIR/nginx"
-cat >"$DIR/nginx/nginx.conf" <<EOF
-daemon off;
-pid $DIR/nginx/nginx.pid;
-error_log $DIR/nginx/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_max_body_size 0;
-  client_body_temp_path $DIR/nginx/client_body;
-  proxy_temp_path $DIR/nginx/proxy;
-  fastcgi_temp_path $DIR/nginx/fastcgi;
-  uwsgi_temp_path $DIR/nginx/uwsgi;
-  scgi_temp_path $DIR/nginx/scgi;
-  upstream synkronus {
-$upstreams    keepalive 64;
-  }
-  server {
-    listen 127.0.0.1:$PORT;
-    location / {
-      proxy_pass http://synkronus;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host \$http_host;
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_request_buffering off;
-      proxy_buffering off;
-      proxy_read_timeout 300s;
-    }
-  }
-}
-EOF
+write_nginx_conf "$DIR/nginx" "$PORT" 64 "${node_ports[@]}"
 "$NGINX" -c "$DIR/nginx/nginx.conf" -p "$DIR/nginx" -e "$DIR/nginx/error.log" &
 pids+=($!)
 ready "$PORT"
