@@ -28,8 +28,6 @@ for _ in $(seq 1 240); do
     curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
     sleep 0.5
 done
-# The server re-executes itself once to set the allocator's options (docs/architecture.md);
-# exec keeps the pid.
 PG_PID=$(head -1 "$ROOT/postgres/postmaster.pid")
 echo "server pid $SERVER_PID, postmaster pid $PG_PID; uptime: $(uptime)"
 "$LOAD" --base-url "http://127.0.0.1:$PORT" --out "$OUT" --no-progress capacity \

@@ -11,6 +11,7 @@ pub mod error;
 pub mod export;
 pub mod http;
 pub mod import;
+pub mod memory;
 pub mod monitoring;
 pub mod schema_check;
 pub mod startup;

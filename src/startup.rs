@@ -138,6 +138,7 @@ impl Application {
         let actors = crate::actors::start(&config, &pool, &conn, &reads, &clock, &storage).await?;
         let login_limiter = Arc::new(LoginLimiter::new(config.rate_limit_login_per_min, pool.clone()));
         login_limiter.spawn_sweeper();
+        crate::memory::spawn_purge_tick();
 
         let state = AppState {
             config: config.clone(),
