@@ -7,7 +7,6 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Transaction};
-use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio_postgres::types::{Json, ToSql, Type};
 
@@ -19,7 +18,7 @@ use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
 use crate::monitoring::CommitPhases;
 
 const STATES_SQL: &str =
-    "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data::text END
+    "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data END
      FROM records WHERE id = ANY($1)";
 
 const TRANSMISSIONS_SQL: &str = "SELECT t.client_id, t.transmission_id, t.fingerprint, t.result
@@ -103,7 +102,7 @@ pub struct RevisionBatch<'a> {
     pub record_id: Vec<&'a str>,
     pub form_type: Vec<&'a str>,
     pub form_version: Vec<&'a str>,
-    pub data: Vec<Json<&'a RawValue>>,
+    pub data: Vec<&'a str>,
     pub deleted: Vec<bool>,
     pub created_at: Vec<Option<DateTime<Utc>>>,
     pub updated_at: Vec<Option<DateTime<Utc>>>,
@@ -121,7 +120,7 @@ pub struct RevisionBatch<'a> {
 
 /// A batch's revision columns as rows `u(...)`, from the parameters of `revision_params`.
 const REVISION_UNNEST: &str =
-    "unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::json[], $6::bool[],
+    "unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[],
          $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
          $13::text[], $14::text[], $15::text[], $16::bigint[], $17::bool[])
      AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cl, tr, pb, ov, cf)";
@@ -183,7 +182,7 @@ impl<'a> RevisionBatch<'a> {
             b.record_id.push(&rec.id);
             b.form_type.push(&rec.form_type);
             b.form_version.push(&rec.form_version);
-            b.data.push(Json(r.data));
+            b.data.push(r.data.get());
             b.deleted.push(rec.deleted);
             b.created_at.push(r.created_at);
             b.updated_at.push(r.updated_at);
@@ -213,7 +212,7 @@ impl<'a> RevisionBatch<'a> {
             out.record_id.push(self.record_id[i]);
             out.form_type.push(self.form_type[i]);
             out.form_version.push(self.form_version[i]);
-            out.data.push(Json(self.data[i].0));
+            out.data.push(self.data[i]);
             out.deleted.push(self.deleted[i]);
             out.created_at.push(self.created_at[i]);
             out.updated_at.push(self.updated_at[i]);

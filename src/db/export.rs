@@ -16,7 +16,7 @@ const FILTER: &str = "(cardinality($1::text[]) = 0 OR form_type = ANY($1::text[]
 
 /// `data` as its stored text: the writers use it as it is when it is canonical.
 const ROW_COLUMNS: &str =
-    "id, form_type, form_version, data::text AS data, deleted, created_at, updated_at, synced_at, \
+    "id, form_type, form_version, data, deleted, created_at, updated_at, synced_at, \
      geolocation, author, device_id, tags, change_id";
 
 /// Starts the export's snapshot on `tx` (which must have been opened REPEATABLE READ READ ONLY)
@@ -70,7 +70,7 @@ pub async fn open_rows(
     form_type: Option<&str>,
     data_only: bool,
 ) -> Result<Portal, tokio_postgres::Error> {
-    let columns = if data_only { "data::text" } else { ROW_COLUMNS };
+    let columns = if data_only { "data" } else { ROW_COLUMNS };
     let one_type = if form_type.is_some() { " AND form_type = $5" } else { "" };
     let sql = format!("SELECT {columns} FROM records WHERE {FILTER}{one_type} ORDER BY change_id");
     let stmt = tx.prepare(&sql).await?;

@@ -96,7 +96,8 @@ pub struct NewRecord {
 }
 
 /// One binary `COPY` per batch (about twice the rate of a multi-row insert); the JSON columns go
-/// as the source's text and PostgreSQL checks them.
+/// as the source's text: `data` is the text of the source's `jsonb`, valid by construction, and
+/// PostgreSQL checks `geolocation` and `tags`.
 pub async fn insert_records(db: &tokio_postgres::Transaction<'_>, records: &[NewRecord]) -> DbResult<()> {
     let statement = format!("COPY records ({}) FROM STDIN BINARY", crate::db::records::COPY_COLUMNS);
     let sink = db.copy_in(statement.as_str()).await?;
@@ -110,7 +111,7 @@ pub async fn insert_records(db: &tokio_postgres::Transaction<'_>, records: &[New
                 &r.id,
                 &r.form_type,
                 &r.form_version,
-                &JsonText(&r.data),
+                &r.data,
                 &r.deleted,
                 &r.created_at,
                 &r.updated_at,

@@ -19,7 +19,7 @@ pub(crate) const COPY_TYPES: [tokio_postgres::types::Type; 14] = {
         Type::TEXT,        // id
         Type::TEXT,        // form_type
         Type::TEXT,        // form_version
-        Type::JSON,        // data
+        Type::TEXT,        // data
         Type::BOOL,        // deleted
         Type::TIMESTAMPTZ, // created_at
         Type::TIMESTAMPTZ, // updated_at
@@ -40,10 +40,11 @@ pub(super) const HEAD_SQL: &str = "SELECT head, repository_generation FROM chang
 pub(super) const SET_HEAD_SQL: &str = "UPDATE change_head SET head = $1";
 
 /// The JSON columns are read as text and kept raw (see `StoredRecord`).
-const RECORD_COLUMNS: &str = "id, form_type, form_version, data::text, deleted, created_at, updated_at, \
+const RECORD_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_at, updated_at, \
      synced_at, geolocation::text, author, device_id, tags::text, change_id";
 
-/// Stored JSON text is valid JSON: PostgreSQL checked it on the way in.
+/// Stored JSON text is valid JSON: the server parsed `data` before storing it, and PostgreSQL
+/// checked the `json` columns on the way in.
 pub(super) fn raw_json(text: String) -> Box<RawValue> {
     RawValue::from_string(text).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
@@ -288,12 +289,12 @@ pub async fn history(
     let rows = db
         .query(
             "SELECT * FROM (
-                 SELECT id, form_type, form_version, data::text, deleted, created_at, updated_at, synced_at,
+                 SELECT id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
                         geolocation::text, author, device_id, tags::text, change_id,
                         client_id, transmission_id, pushed_by, overwrote_version, conflict
                  FROM records WHERE id = $1
                  UNION ALL
-                 SELECT record_id, form_type, form_version, data::text, deleted, created_at, updated_at, synced_at,
+                 SELECT record_id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
                         geolocation::text, author, device_id, tags::text, change_id,
                         client_id, transmission_id, pushed_by, overwrote_version, conflict
                  FROM record_revisions WHERE record_id = $1

@@ -60,7 +60,7 @@ async fn insert(db: &tokio_postgres::Client, o: &Obs) -> i64 {
             "WITH h AS (UPDATE change_head SET head = head + 1 RETURNING head)
              INSERT INTO records (id, form_type, form_version, data, deleted, created_at, updated_at,
                                   synced_at, geolocation, author, device_id, tags, change_id, created_by)
-             SELECT $1, $2, '1.0', $3, $4, $5, $5, now(), $6, $7, $8, $9, h.head, 'admin' FROM h
+             SELECT $1, $2, '1.0', $3::json, $4, $5, $5, now(), $6, $7, $8, $9, h.head, 'admin' FROM h
              ON CONFLICT (id) DO UPDATE SET form_type = EXCLUDED.form_type, data = EXCLUDED.data,
                 deleted = EXCLUDED.deleted, change_id = EXCLUDED.change_id, synced_at = now()
              RETURNING change_id",
