@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+use super::projection::{scan, Leaf};
+
 /// At most this many data columns per file; all values remain in `data`.
 pub const MAX_DATA_COLUMNS: usize = 1000;
 
@@ -78,6 +80,18 @@ impl ColumnInference {
     /// reads every row of an export, and allocating each document's tree was most of its cost.
     /// Text that is not valid JSON adds what was read before the error.
     pub fn observe_json_text(&mut self, text: &str) {
+        // Canonical text, as pushes store `data`, is read by the writing pass's scan, a few times
+        // faster than serde's visitor; any other text takes the visitor. A scan that gives up has
+        // recorded only leaves the visitor records again, and kinds only accumulate, so the
+        // result is the same either way.
+        if scan(text, &mut |name, leaf| self.record(name, leaf_kind(leaf.as_ref()))).is_some() {
+            return;
+        }
+        self.observe_visited(text);
+    }
+
+    /// [`observe_json_text`](Self::observe_json_text) through serde's visitor alone.
+    pub(super) fn observe_visited(&mut self, text: &str) {
         let mut de = serde_json::Deserializer::from_str(text);
         de.disable_recursion_limit();
         let mut name = String::from(COLUMN_PREFIX);
@@ -131,14 +145,30 @@ fn kind_of(value: &Value) -> u8 {
 }
 
 fn number_kind(n: &serde_json::Number) -> u8 {
-    if n.is_i64() {
+    number_text_kind(n.as_str())
+}
+
+/// A number's kind from its JSON text, which arbitrary_precision keeps: what `is_i64`, `as_f64`
+/// and `is_u64` answer, as they parse that text.
+fn number_text_kind(text: &str) -> u8 {
+    if text.parse::<i64>().is_ok() {
         KIND_INT
-    } else if n.as_f64().is_none() {
+    } else if !text.parse::<f64>().is_ok_and(f64::is_finite) {
         KIND_OTHER
-    } else if n.is_u64() || is_integer_literal(&n.to_string()) {
+    } else if is_integer_literal(text) {
         KIND_BIG_INT
     } else {
         KIND_FLOAT
+    }
+}
+
+fn leaf_kind(leaf: Option<&Leaf>) -> u8 {
+    match leaf {
+        None => KIND_NULL,
+        Some(Leaf::Bool(_)) => KIND_BOOL,
+        Some(Leaf::Number(text)) => number_text_kind(text),
+        Some(Leaf::Str(_)) => KIND_STRING,
+        Some(Leaf::Raw(_)) => KIND_OTHER,
     }
 }
 

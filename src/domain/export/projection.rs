@@ -99,7 +99,12 @@ impl ColumnProjector {
     ) -> Result<Cow<'a, str>, serde_json::Error> {
         out.clear();
         out.resize(self.width, None);
-        if scan(text, &mut |name, value| self.fill(out, name, value)).is_some() {
+        let mut fill = |name: &str, value: Option<Leaf<'a>>| {
+            if let Some(value) = value {
+                self.fill(out, name, value);
+            }
+        };
+        if scan(text, &mut fill).is_some() {
             return Ok(Cow::Borrowed(text));
         }
         // Not canonical: the slots filled before the scan gave up are discarded.
@@ -123,10 +128,10 @@ impl ColumnProjector {
     }
 }
 
-/// Walks canonical text, reporting its leaves; `None` as soon as the text is not canonical (some
-/// leaves may have been reported by then). Canonical: what `serde_json::to_string` writes for the
-/// value the text parses to.
-pub(crate) fn scan<'a>(text: &'a str, leaf: &mut dyn FnMut(&str, Leaf<'a>)) -> Option<()> {
+/// Walks canonical text, reporting its leaves (`None` for a null); `None` as soon as the text is
+/// not canonical (some leaves may have been reported by then). Canonical: what
+/// `serde_json::to_string` writes for the value the text parses to.
+pub(crate) fn scan<'a>(text: &'a str, leaf: &mut dyn FnMut(&str, Option<Leaf<'a>>)) -> Option<()> {
     let mut s = Scanner { text, pos: 0 };
     if s.peek() == Some(b'{') {
         let mut name = String::from(super::inference::COLUMN_PREFIX);
@@ -135,6 +140,30 @@ pub(crate) fn scan<'a>(text: &'a str, leaf: &mut dyn FnMut(&str, Leaf<'a>)) -> O
         s.skip_value(0)?;
     }
     (s.pos == text.len()).then_some(())
+}
+
+/// Whether `text` is canonical JSON (see [`scan`]), of any value.
+pub(crate) fn is_canonical(text: &str) -> bool {
+    let mut s = Scanner { text, pos: 0 };
+    s.skip_value(0).is_some() && s.pos == text.len()
+}
+
+/// Whether `text` is a canonical JSON array of strings only, as a `Vec<String>` serialises.
+pub(crate) fn is_canonical_string_array(text: &str) -> bool {
+    let mut s = Scanner { text, pos: 0 };
+    let array = (|| {
+        s.eat(b'[')?;
+        if s.eat(b']').is_some() {
+            return Some(());
+        }
+        loop {
+            s.string()?;
+            if s.eat(b',').is_none() {
+                return s.eat(b']');
+            }
+        }
+    })();
+    array.is_some() && s.pos == text.len()
 }
 
 struct Scanner<'a> {
@@ -158,7 +187,7 @@ impl<'a> Scanner<'a> {
         name: &mut String,
         depth: usize,
         nesting: usize,
-        leaf: &mut dyn FnMut(&str, Leaf<'a>),
+        leaf: &mut dyn FnMut(&str, Option<Leaf<'a>>),
     ) -> Option<()> {
         if nesting >= MAX_SCAN_NESTING {
             return None;
@@ -182,8 +211,8 @@ impl<'a> Scanner<'a> {
             name.push_str(&key);
             if self.peek()? == b'{' && depth < MAX_FLATTEN_DEPTH {
                 self.fields(name, depth + 1, nesting + 1, leaf)?;
-            } else if let Some(value) = self.leaf(nesting + 1)? {
-                leaf(name, value);
+            } else {
+                leaf(name, self.leaf(nesting + 1)?);
             }
             name.truncate(len);
             previous = Some(key);
@@ -329,10 +358,31 @@ impl<'a> Scanner<'a> {
                     run = self.pos;
                 }
                 0..=0x1f => return None,
-                _ => self.pos += 1,
+                _ => self.pos = plain_run(bytes, self.pos + 1),
             }
         }
     }
+}
+
+/// Where the run of bytes a string holds as they are (no `"`, `\\` or control character) that
+/// starts at `pos` ends. Eight bytes at a time: the free-text fields that make up most of a
+/// record's `data` are long runs, and this loop was the scan's largest cost byte by byte.
+fn plain_run(bytes: &[u8], mut pos: usize) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Whether any byte of `v` is below `n` (n <= 0x80): exact as a yes/no, which is all we ask.
+    let any_below = |v: u64, n: u8| v.wrapping_sub(ONES * u64::from(n)) & !v & HIGH != 0;
+    while let Some(chunk) = bytes.get(pos..pos + 8).and_then(|c| <[u8; 8]>::try_from(c).ok()) {
+        let v = u64::from_ne_bytes(chunk);
+        if any_below(v, 0x20) || any_below(v ^ (ONES * 0x22), 1) || any_below(v ^ (ONES * 0x5c), 1) {
+            break;
+        }
+        pos += 8;
+    }
+    while bytes.get(pos).is_some_and(|&b| b >= 0x20 && b != b'"' && b != b'\\') {
+        pos += 1;
+    }
+    pos
 }
 
 /// The character of a canonical escape (the bytes after the backslash) and the bytes it took.
