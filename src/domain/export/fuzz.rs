@@ -163,7 +163,7 @@ proptest! {
 #[test]
 fn plain_runs_stop_at_every_byte_that_ends_them() {
     use crate::domain::export::projection::is_canonical;
-    for offset in 0..36 {
+    for offset in 0..68 {
         let plain = format!("{{\"k\":\"{}é{}\"}}", "a".repeat(offset), "b".repeat(9));
         assert!(is_canonical(&plain), "{plain}");
         for byte in (0u8..0x20).chain([b'"', b'\\']) {
@@ -178,9 +178,9 @@ proptest! {
     #![proptest_config(config(256))]
 
     /// Strings made of what ends a plain run (quotes, backslashes, control characters) around
-    /// multi-byte characters, at every offset of the sixteen-byte steps.
+    /// multi-byte characters, at every offset of the scan's blocks.
     #[test]
-    fn projection_reads_strings_as_the_tree_would(s in "[ab\"\\\\\u{0}-\u{1f}\u{7f}é😀 ]{0,70}") {
+    fn projection_reads_strings_as_the_tree_would(s in "[ab\"\\\\\u{0}-\u{1f}\u{7f}é😀 ]{0,100}") {
         let text = Value::String(s).to_string();
         check_projection(&format!("{{\"k\":{text},\"l\":[{text}]}}"));
         check_projection(&format!("{{\"k\": {text}}}"));

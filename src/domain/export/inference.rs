@@ -2,8 +2,6 @@
 //! collects, per flattened leaf path, the JSON kinds seen; the writing pass then
 //! projects every row onto the resulting column set.
 
-use std::collections::BTreeMap;
-
 use serde_json::{Map, Value};
 
 use super::projection::{scan, Leaf};
@@ -62,7 +60,12 @@ const KIND_OTHER: u8 = 1 << 6;
 /// memory stays bounded even when every row brings new keys.
 #[derive(Debug, Default, Clone)]
 pub struct ColumnInference {
-    kinds: BTreeMap<String, u8>,
+    /// Sorted by name.
+    kinds: Vec<(String, u8)>,
+    /// Where the row's next leaf is expected: after the one before. The rows of a form type
+    /// mostly share one shape and a row's leaves come in key order, which is nearly the names'
+    /// order, so most leaves are found by one comparison instead of a search.
+    next: usize,
 }
 
 impl ColumnInference {
@@ -72,6 +75,7 @@ impl ColumnInference {
 
     /// Feeds one row's `data`. A non-object `data` has no leaves and adds nothing.
     pub fn observe(&mut self, data: &Value) {
+        self.next = 0;
         for_each_leaf(data, &mut |name, value| self.record(name, kind_of(value)));
     }
 
@@ -84,6 +88,7 @@ impl ColumnInference {
         // faster than serde's visitor; any other text takes the visitor. A scan that gives up has
         // recorded only leaves the visitor records again, and kinds only accumulate, so the
         // result is the same either way.
+        self.next = 0;
         if scan(text, &mut |name, leaf| self.record(name, leaf_kind(leaf.as_ref()))).is_some() {
             return;
         }
@@ -92,6 +97,7 @@ impl ColumnInference {
 
     /// [`observe_json_text`](Self::observe_json_text) through serde's visitor alone.
     pub(super) fn observe_visited(&mut self, text: &str) {
+        self.next = 0;
         let mut de = serde_json::Deserializer::from_str(text);
         de.disable_recursion_limit();
         let mut name = String::from(COLUMN_PREFIX);
@@ -103,20 +109,24 @@ impl ColumnInference {
 
     fn record(&mut self, name: &str, kind: u8) {
         let kinds = &mut self.kinds;
-        if let Some(bits) = kinds.get_mut(name) {
-            *bits |= kind;
-            return;
-        }
-        if kinds.len() >= MAX_DATA_COLUMNS {
-            match kinds.last_key_value() {
-                Some((last, _)) if name > last.as_str() => return,
-                _ => {}
+        let found = match kinds.get(self.next) {
+            Some((expected, _)) if expected == name => Ok(self.next),
+            _ => kinds.binary_search_by(|(n, _)| n.as_str().cmp(name)),
+        };
+        let at = match found {
+            Ok(at) => {
+                kinds[at].1 |= kind;
+                at
             }
-        }
-        kinds.insert(name.to_owned(), kind);
-        if kinds.len() > MAX_DATA_COLUMNS {
-            kinds.pop_last();
-        }
+            // Sorts after MAX_DATA_COLUMNS names already kept: never in the output.
+            Err(at) if at >= MAX_DATA_COLUMNS => return,
+            Err(at) => {
+                kinds.insert(at, (name.to_owned(), kind));
+                kinds.truncate(MAX_DATA_COLUMNS);
+                at
+            }
+        };
+        self.next = at + 1;
     }
 
     /// Number of columns currently tracked (never more than [`MAX_DATA_COLUMNS`]).

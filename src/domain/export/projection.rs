@@ -388,19 +388,16 @@ impl<'a> Scanner<'a> {
 }
 
 /// Where the run of bytes a string holds as they are (no `"`, `\\` or control character) that
-/// starts at `pos` ends. Sixteen bytes at a time: the free-text fields that make up most of a
-/// record's `data` are long runs, and this loop was the scan's largest cost byte by byte.
+/// starts at `pos` ends. 32 bytes at a time, with no early exit inside a block so that the
+/// compiler turns the test into a few vector instructions: the free-text fields that make up
+/// most of a record's `data` are long runs, and this loop was the scan's largest cost byte by
+/// byte. (Words of eight bytes with bit tricks, or a bit mask per block, measured slower.)
 fn plain_run(bytes: &[u8], mut pos: usize) -> usize {
-    const ONES: u128 = u128::from_ne_bytes([0x01; 16]);
-    const HIGH: u128 = u128::from_ne_bytes([0x80; 16]);
-    // Whether any byte of `v` is below `n` (n <= 0x80): exact as a yes/no, which is all we ask.
-    let any_below = |v: u128, n: u8| v.wrapping_sub(ONES * u128::from(n)) & !v & HIGH != 0;
-    while let Some(chunk) = bytes.get(pos..pos + 16).and_then(|c| <[u8; 16]>::try_from(c).ok()) {
-        let v = u128::from_ne_bytes(chunk);
-        if any_below(v, 0x20) || any_below(v ^ (ONES * 0x22), 1) || any_below(v ^ (ONES * 0x5c), 1) {
+    while let Some(block) = bytes.get(pos..pos + 32) {
+        if block.iter().fold(false, |special, &b| special | (b < 0x20) | (b == b'"') | (b == b'\\')) {
             break;
         }
-        pos += 16;
+        pos += 32;
     }
     while bytes.get(pos).is_some_and(|&b| b >= 0x20 && b != b'"' && b != b'\\') {
         pos += 1;
