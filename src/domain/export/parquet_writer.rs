@@ -12,7 +12,8 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 
 /// Row groups hold at most this many rows; the writer keeps at most one row
 /// group's encoded pages in memory.
@@ -126,6 +127,10 @@ impl<W: Write + Send> ParquetFormWriter<W> {
             .set_max_row_group_size(MAX_ROW_GROUP_ROWS)
             .set_compression(Compression::SNAPPY)
             .set_created_by(format!("synkronus {}", env!("CARGO_PKG_VERSION")))
+            .set_column_dictionary_enabled(ColumnPath::from("observation_id"), false)
+            .set_column_dictionary_enabled(ColumnPath::from("geolocation"), false)
+            .set_column_statistics_enabled(ColumnPath::from("data"), EnabledStatistics::None)
+            .set_column_statistics_enabled(ColumnPath::from("geolocation"), EnabledStatistics::None)
             .build();
         let writer = ArrowWriter::try_new(w, Arc::clone(&schema), Some(props))?;
         Ok(Self {
