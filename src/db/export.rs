@@ -3,7 +3,6 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
-use serde_json::Value;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Portal, Row, Transaction};
 
@@ -14,9 +13,10 @@ use crate::domain::export::{ExportFilter, ExportRow};
 const FILTER: &str = "(cardinality($1::text[]) = 0 OR form_type = ANY($1::text[])) \
      AND change_id > $2 AND change_id <= $3 AND ($4 OR NOT deleted)";
 
-/// `data` as its stored text: the writers use it as it is when it is canonical.
+/// `data`, `geolocation` and `tags` as their stored text: the writers use it as it is when it is
+/// canonical. Read by position in `export_row`.
 const ROW_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_at, updated_at, synced_at, \
-     geolocation, author, device_id, tags, change_id";
+     geolocation::text, author, device_id, tags::text, change_id";
 
 /// Starts the export's snapshot on `tx` (which must have been opened REPEATABLE READ READ ONLY)
 /// and returns its head: every row read later in `tx` is at or below it.
@@ -61,7 +61,10 @@ pub async fn count(
 }
 
 /// A portal over the selected rows in change_id order, optionally of one form type.
-/// `data_only` selects just `data` as JSON text, for the type-inference pass.
+/// `data_only` selects just `data` as JSON text, for the type-inference pass, in no particular
+/// order: what it infers does not depend on the order, and without one PostgreSQL reads the
+/// table straight through instead of along the change_id index (a third less time per row when
+/// the export covers most of the table).
 pub async fn open_rows(
     tx: &Transaction<'_>,
     filter: &ExportFilter,
@@ -71,7 +74,8 @@ pub async fn open_rows(
 ) -> Result<Portal, tokio_postgres::Error> {
     let columns = if data_only { "data" } else { ROW_COLUMNS };
     let one_type = if form_type.is_some() { " AND form_type = $5" } else { "" };
-    let sql = format!("SELECT {columns} FROM records WHERE {FILTER}{one_type} ORDER BY change_id");
+    let order = if data_only { "" } else { " ORDER BY change_id" };
+    let sql = format!("SELECT {columns} FROM records WHERE {FILTER}{one_type}{order}");
     let stmt = tx.prepare(&sql).await?;
     let [a, b, c, d] = params(filter, &head);
     match form_type {
@@ -99,32 +103,19 @@ pub async fn fetch_rows(
 }
 
 fn export_row(row: &Row) -> ExportRow {
-    let tags: Option<Value> = row.get("tags");
     ExportRow {
-        observation_id: row.get("id"),
-        form_type: row.get("form_type"),
-        form_version: row.get("form_version"),
-        created_at: row.get("created_at"),
-        updated_at: row.get("updated_at"),
-        deleted: row.get("deleted"),
-        version: row.get("change_id"),
-        data: row.get("data"),
-        synced_at: row.get("synced_at"),
-        // A stored JSON null is "no geolocation".
-        geolocation: row.get::<_, Option<Value>>("geolocation").filter(|g| !g.is_null()),
-        author: row.get("author"),
-        device_id: row.get("device_id"),
-        tags: tags.and_then(|t| match t {
-            Value::Array(items) => Some(
-                items
-                    .into_iter()
-                    .map(|v| match v {
-                        Value::String(s) => s,
-                        other => other.to_string(),
-                    })
-                    .collect(),
-            ),
-            _ => None,
-        }),
+        observation_id: row.get(0),
+        form_type: row.get(1),
+        form_version: row.get(2),
+        data: row.get(3),
+        deleted: row.get(4),
+        created_at: row.get(5),
+        updated_at: row.get(6),
+        synced_at: row.get(7),
+        geolocation: row.get(8),
+        author: row.get(9),
+        device_id: row.get(10),
+        tags: row.get(11),
+        version: row.get(12),
     }
 }

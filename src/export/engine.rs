@@ -10,24 +10,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use tokio_postgres::IsolationLevel;
 
+use super::reader::Reader;
 use super::sink::{ChannelWriter, Chunk, ExportBody, PendingExport, Sink, CHANNEL_CHUNKS};
 use crate::clock::Clock;
-use crate::db::export as sql;
 use crate::db::replicas::{ReadRouter, Target};
 use crate::domain::export::{
     entry_name_for_form_type, observation_json, raw_json_entry_name, write_ndjson_line, ColumnInference,
-    CsvFormWriter, DataColumn, ExportError, ExportFilter, ExportFormat, ExportRequest, ExportRow, ExportZip,
-    JobState, JobStatus, ParquetFormWriter,
+    CsvFormWriter, DataColumn, ExportError, ExportFormat, ExportRequest, ExportRow, ExportZip, JobState,
+    JobStatus, ParquetFormWriter,
 };
 use crate::error::{ApiError, ApiResult};
-
-/// Rows fetched from the server-side portal per round trip.
-const FETCH_ROWS: i32 = 1000;
 
 /// A job's progress: written by its thread, read by the registry.
 #[derive(Default)]
@@ -205,22 +200,12 @@ impl Engine {
         });
     }
 
-    fn block<F: Future>(&self, f: F) -> F::Output {
+    pub(super) fn block<F: Future>(&self, f: F) -> F::Output {
         self.runtime.block_on(f)
     }
 
-    /// A read-only REPEATABLE READ transaction: every statement of the export sees one snapshot.
-    fn snapshot<'c>(
-        &self,
-        client: &'c mut deadpool_postgres::Object,
-    ) -> Result<deadpool_postgres::Transaction<'c>, tokio_postgres::Error> {
-        self.block(
-            client
-                .build_transaction()
-                .isolation_level(IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start(),
-        )
+    pub(super) fn runtime(&self) -> &Handle {
+        &self.runtime
     }
 
     /// A streamed export, on an export thread: snapshot, head to the handler, then the body.
@@ -230,7 +215,7 @@ impl Engine {
         tx: &mpsc::Sender<Chunk>,
         head_tx: oneshot::Sender<ApiResult<(i64, Target)>>,
     ) {
-        let (mut client, by) =
+        let (client, by) =
             match self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool)) {
                 Ok(c) => c,
                 Err(e) => {
@@ -238,38 +223,23 @@ impl Engine {
                     return;
                 }
             };
-        let (db, head, taken_at) = match self.snapshot(&mut client).map_err(RunError::from).and_then(|db| {
-            let (head, taken_at) = self.block(sql::snapshot_head(&db))?;
-            Ok((db, head, taken_at))
-        }) {
-            Ok(started) => started,
+        let reader = match Reader::start(self, client, &request.filter) {
+            Ok(reader) => reader,
             Err(e) => {
                 let _ = head_tx.send(Err(e.into()));
                 return;
             }
         };
-        if head_tx.send(Ok((head, by))).is_err() {
+        if head_tx.send(Ok((reader.snapshot().head, by))).is_err() {
+            reader.close();
             return;
         }
         let aborted = Arc::new(AtomicBool::new(false));
-        let run = Run {
-            engine: self,
-            db: &db,
-            filter: &request.filter,
-            head,
-            taken_at,
-            aborted: &aborted,
-            progress: None,
-        };
+        let run = Run { reader: &reader, aborted: &aborted, progress: None };
         let sink = Sink { out: ChannelWriter::new(tx.clone()), aborted: aborted.clone() };
         let result = run.write(request.format, sink).and_then(|mut sink| Ok(sink.out.send()?));
-        // Without a commit the read-only transaction rolls back as it drops.
-        drop(db);
+        reader.close();
         if let Err(e) = result {
-            if matches!(e, RunError::Db(_)) {
-                // Possibly a dead connection: never hand it to the next export.
-                drop(deadpool_postgres::Object::take(client));
-            }
             aborted.store(true, Ordering::Relaxed);
             if tx.is_closed() {
                 tracing::info!(format = request.format.as_str(), "export stopped: the client disconnected");
@@ -326,49 +296,48 @@ impl Engine {
         progress: &JobProgress,
         part: &Path,
     ) -> Result<(), RunError> {
-        let (mut client, by) =
+        let (client, by) =
             self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool))?;
-        let mut result = self.write_job_with(&mut client, request, progress, part);
-        if matches!(result, Err(RunError::Db(_))) {
-            // Possibly a dead connection: never hand it to the next export.
-            drop(deadpool_postgres::Object::take(client));
-            if by == Target::Replica {
-                // A replica failing mid-job: the job runs again on the primary, from the start.
-                tracing::warn!("export job failed on a read replica; running it again on the primary");
-                progress.rows_done.store(0, Ordering::Relaxed);
-                let mut client = self.block(self.pool.get())?;
-                result = self.write_job_with(&mut client, request, progress, part);
-            }
+        let mut result = self.write_job_with(client, request, progress, part);
+        if matches!(result, Err(RunError::Db(_))) && by == Target::Replica {
+            // A replica failing mid-job: the job runs again on the primary, from the start.
+            tracing::warn!("export job failed on a read replica; running it again on the primary");
+            progress.rows_done.store(0, Ordering::Relaxed);
+            let client = self.block(self.pool.get())?;
+            result = self.write_job_with(client, request, progress, part);
         }
         result
     }
 
     fn write_job_with(
         &self,
-        client: &mut deadpool_postgres::Object,
+        client: deadpool_postgres::Object,
         request: &ExportRequest,
         progress: &JobProgress,
         part: &Path,
     ) -> Result<(), RunError> {
-        let db = self.snapshot(client)?;
-        let (head, taken_at) = self.block(sql::snapshot_head(&db))?;
-        let total = self.block(sql::count(&db, &request.filter, head))?;
+        let reader = Reader::start(self, client, &request.filter)?;
+        let result = self.write_job_file(&reader, request.format, progress, part);
+        reader.close();
+        result
+    }
+
+    fn write_job_file(
+        &self,
+        reader: &Reader,
+        format: ExportFormat,
+        progress: &JobProgress,
+        part: &Path,
+    ) -> Result<(), RunError> {
+        let total = reader.count()?;
         progress.update(|s| {
-            s.change_id = Some(head);
+            s.change_id = Some(reader.snapshot().head);
             s.rows_total = u64::try_from(total).ok();
         });
         let aborted = Arc::new(AtomicBool::new(false));
         let sink = Sink { out: BufWriter::new(File::create(part)?), aborted: aborted.clone() };
-        let run = Run {
-            engine: self,
-            db: &db,
-            filter: &request.filter,
-            head,
-            taken_at,
-            aborted: &aborted,
-            progress: Some(progress),
-        };
-        let sink = run.write(request.format, sink)?;
+        let run = Run { reader, aborted: &aborted, progress: Some(progress) };
+        let sink = run.write(format, sink)?;
         let file = sink.out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         Ok(())
@@ -377,7 +346,7 @@ impl Engine {
 
 /// Why an export stopped early.
 #[derive(Debug, thiserror::Error)]
-enum RunError {
+pub(super) enum RunError {
     #[error("database: {0}")]
     Db(#[from] tokio_postgres::Error),
     #[error("database pool: {0}")]
@@ -388,6 +357,8 @@ enum RunError {
     Export(#[from] ExportError),
     #[error("I/O: {0}")]
     Io(#[from] io::Error),
+    #[error("the export's database task stopped")]
+    ReaderGone,
 }
 
 impl From<serde_json::Error> for RunError {
@@ -407,12 +378,8 @@ impl From<RunError> for ApiError {
 }
 
 /// One export inside its snapshot.
-struct Run<'a, 't> {
-    engine: &'a Engine,
-    db: &'a tokio_postgres::Transaction<'t>,
-    filter: &'a ExportFilter,
-    head: i64,
-    taken_at: DateTime<Utc>,
+struct Run<'a, 'e> {
+    reader: &'a Reader<'e>,
     aborted: &'a AtomicBool,
     progress: Option<&'a JobProgress>,
 }
@@ -426,7 +393,7 @@ impl Run<'_, '_> {
             })?;
             return Ok(out);
         }
-        let mut zip = ExportZip::new(out).with_modified_time(self.taken_at);
+        let mut zip = ExportZip::new(out).with_modified_time(self.reader.snapshot().taken_at);
         match self.zip_entries(format, &mut zip) {
             Ok(()) => Ok(zip.finish()?),
             Err(e) => {
@@ -457,7 +424,7 @@ impl Run<'_, '_> {
                 Ok(())
             });
         }
-        let form_types = self.engine.block(sql::form_types(self.db, self.filter, self.head))?;
+        let form_types = self.reader.form_types()?;
         for form_type in &form_types {
             // Pass 1 settles the column set; pass 2 writes against it, in the same snapshot.
             let columns = self.infer(form_type)?;
@@ -478,16 +445,11 @@ impl Run<'_, '_> {
     }
 
     fn infer(&self, form_type: &str) -> Result<Vec<DataColumn>, RunError> {
-        let db = self.db;
-        let portal = self.engine.block(sql::open_rows(db, self.filter, self.head, Some(form_type), true))?;
         let mut inference = ColumnInference::new();
-        self.prefetched(
-            || self.engine.block(sql::fetch_data(db, &portal, FETCH_ROWS)),
-            |batch| {
-                batch.iter().for_each(|data| inference.observe_json_text(data));
-                Ok(())
-            },
-        )?;
+        self.reader.data(form_type, |batch| {
+            batch.iter().for_each(|data| inference.observe_json_text(data));
+            Ok(())
+        })?;
         Ok(inference.finish())
     }
 
@@ -496,47 +458,14 @@ impl Run<'_, '_> {
         form_type: Option<&str>,
         mut f: impl FnMut(&[ExportRow]) -> Result<(), RunError>,
     ) -> Result<(), RunError> {
-        let db = self.db;
-        let portal = self.engine.block(sql::open_rows(db, self.filter, self.head, form_type, false))?;
-        self.prefetched(
-            || self.engine.block(sql::fetch_rows(db, &portal, FETCH_ROWS)),
-            |rows| {
-                if !rows.is_empty() {
-                    f(&rows)?;
-                }
-                if let Some(progress) = self.progress {
-                    progress.rows_done.fetch_add(rows.len() as u64, Ordering::Relaxed);
-                }
-                Ok(())
-            },
-        )
-    }
-
-    /// Reads a portal to its end, `FETCH_ROWS` at a time, handing each batch to `consume` on this
-    /// thread while a helper thread already fetches (and decodes) the next one: the database and
-    /// the encoder work at the same time instead of taking turns. At most three batches exist at
-    /// once (one being fetched, one waiting, one being encoded), so memory stays bounded.
-    fn prefetched<T: Send>(
-        &self,
-        fetch: impl Fn() -> Result<Vec<T>, tokio_postgres::Error> + Sync,
-        mut consume: impl FnMut(Vec<T>) -> Result<(), RunError>,
-    ) -> Result<(), RunError> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let fetch = &fetch;
-        std::thread::scope(|scope| {
-            std::thread::Builder::new().name("export-fetch".into()).spawn_scoped(scope, move || {
-                run_in_background();
-                loop {
-                    let batch = fetch();
-                    let last = !matches!(&batch, Ok(rows) if rows.len() == FETCH_ROWS as usize);
-                    // A send fails once the encoder has stopped: nothing more to fetch then.
-                    if tx.send(batch).is_err() || last {
-                        return;
-                    }
-                }
-            })?;
-            // Leaving drops `rx`, which stops the fetcher after the batch it is reading.
-            rx.into_iter().try_for_each(|batch| consume(batch?))
+        self.reader.rows(form_type, |rows| {
+            if !rows.is_empty() {
+                f(&rows)?;
+            }
+            if let Some(progress) = self.progress {
+                progress.rows_done.fetch_add(rows.len() as u64, Ordering::Relaxed);
+            }
+            Ok(())
         })
     }
 }

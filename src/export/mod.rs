@@ -19,6 +19,7 @@
 //! its response body is gone, so the slot count is what clients actually hold open.
 
 mod engine;
+mod reader;
 mod sink;
 
 pub use engine::{job_key, Engine, EngineStop, JobProgress};

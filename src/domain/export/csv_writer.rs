@@ -86,8 +86,8 @@ impl<W: Write> CsvFormWriter<W> {
         line.push(',');
         push_timestamp(&mut line, Some(row.synced_at));
         line.push(',');
-        if let Some(g) = row.geolocation.as_ref().filter(|g| !g.is_null()) {
-            push_field(&mut line, &serde_json::to_string(g)?);
+        if let Some(g) = row.geolocation_json()? {
+            push_field(&mut line, &g);
         }
         line.push(',');
         if let Some(a) = &row.author {
@@ -98,8 +98,8 @@ impl<W: Write> CsvFormWriter<W> {
             push_field(&mut line, d);
         }
         line.push(',');
-        if let Some(t) = &row.tags {
-            push_field(&mut line, &serde_json::to_string(t)?);
+        if let Some(t) = row.tags_json()? {
+            push_field(&mut line, &t);
         }
         for (column, slot) in self.columns.iter().zip(&slots) {
             line.push(',');

@@ -1,12 +1,13 @@
 //! Property suite of column inference and projection: the streaming passes over JSON text find
-//! what the tree walk finds.
+//! what the tree walk finds, and the stored geolocation and tags texts are written as their parsed
+//! values would be.
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use crate::domain::export::inference::for_each_leaf;
 use crate::domain::export::projection::{scan, ColumnProjector, Leaf};
-use crate::domain::export::ColumnInference;
+use crate::domain::export::{ColumnInference, ExportRow};
 use crate::testing::*;
 
 fn both_ways(
@@ -156,5 +157,75 @@ proptest! {
         check_projection(&data.to_string());
         check_projection(&serde_json::to_string_pretty(&data).unwrap());
         check_projection(&reordered(&data));
+    }
+}
+
+#[test]
+fn plain_runs_stop_at_every_byte_that_ends_them() {
+    use crate::domain::export::projection::is_canonical;
+    for offset in 0..68 {
+        let plain = format!("{{\"k\":\"{}é{}\"}}", "a".repeat(offset), "b".repeat(9));
+        assert!(is_canonical(&plain), "{plain}");
+        for byte in (0u8..0x20).chain([b'"', b'\\']) {
+            let text = format!("{{\"k\":\"{}{}{}\"}}", "a".repeat(offset), char::from(byte), "b".repeat(9));
+            let canonical = serde_json::from_str::<Value>(&text).is_ok_and(|v| v.to_string() == text);
+            assert_eq!(is_canonical(&text), canonical, "{text:?}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Strings made of what ends a plain run (quotes, backslashes, control characters) around
+    /// multi-byte characters, at every offset of the scan's blocks.
+    #[test]
+    fn projection_reads_strings_as_the_tree_would(s in "[ab\"\\\\\u{0}-\u{1f}\u{7f}é😀 ]{0,100}") {
+        let text = Value::String(s).to_string();
+        check_projection(&format!("{{\"k\":{text},\"l\":[{text}]}}"));
+        check_projection(&format!("{{\"k\": {text}}}"));
+    }
+
+    /// The scan that canonical text takes records what serde's visitor records, and any other
+    /// text gets the visitor's answer.
+    #[test]
+    fn inference_reads_any_text_as_the_visitor_does(data in json_value()) {
+        for text in [data.to_string(), serde_json::to_string_pretty(&data).unwrap(), reordered(&data)] {
+            let mut either = ColumnInference::new();
+            either.observe_json_text(&text);
+            let mut visited = ColumnInference::new();
+            visited.observe_visited(&text);
+            prop_assert_eq!(either.finish(), visited.finish(), "{}", text);
+        }
+    }
+
+    /// Geolocation and tags as stored text are written as the parsed values were: compact JSON
+    /// with a JSON null as none, and tags as a list of strings.
+    #[test]
+    fn geolocation_and_tags_text_read_as_their_values(data in json_value(), tags in json_value()) {
+        let texts = |v: &Value| [v.to_string(), serde_json::to_string_pretty(v).unwrap(), reordered(v)];
+        let tag_list = |v: &Value| match v {
+            Value::Array(items) => Some(
+                items.iter().map(|t| t.as_str().map_or_else(|| t.to_string(), str::to_owned)).collect::<Vec<_>>(),
+            ),
+            _ => None,
+        };
+        let string_tags = Value::from(tag_list(&tags).unwrap_or_default());
+        for (geolocation, tag_value) in [(&data, &tags), (&data, &string_tags)] {
+            for (g, t) in texts(geolocation).into_iter().zip(texts(tag_value)) {
+                let mut row = crate::domain::export::tests::row("o", "f", 1, json!({}));
+                row.geolocation = Some(g.clone());
+                row.tags = Some(t.clone());
+                let parsed: Value = serde_json::from_str(&g).unwrap();
+                let expected = (!parsed.is_null()).then(|| parsed.to_string());
+                prop_assert_eq!(row.geolocation_json().unwrap().map(|c| c.into_owned()), expected, "{}", g);
+                let expected = tag_list(tag_value).map(|l| serde_json::to_string(&l).unwrap());
+                prop_assert_eq!(row.tags_json().unwrap().map(|c| c.into_owned()), expected, "{}", t);
+                prop_assert_eq!(row.tag_list().unwrap(), tag_list(tag_value));
+            }
+        }
+        let none = ExportRow { geolocation: None, tags: None, ..crate::domain::export::tests::row("o", "f", 1, json!({})) };
+        prop_assert_eq!(none.geolocation_json().unwrap(), None);
+        prop_assert_eq!(none.tags_json().unwrap(), None);
     }
 }

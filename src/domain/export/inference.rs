@@ -2,9 +2,9 @@
 //! collects, per flattened leaf path, the JSON kinds seen; the writing pass then
 //! projects every row onto the resulting column set.
 
-use std::collections::BTreeMap;
-
 use serde_json::{Map, Value};
+
+use super::projection::{scan, Leaf};
 
 /// At most this many data columns per file; all values remain in `data`.
 pub const MAX_DATA_COLUMNS: usize = 1000;
@@ -60,7 +60,12 @@ const KIND_OTHER: u8 = 1 << 6;
 /// memory stays bounded even when every row brings new keys.
 #[derive(Debug, Default, Clone)]
 pub struct ColumnInference {
-    kinds: BTreeMap<String, u8>,
+    /// Sorted by name.
+    kinds: Vec<(String, u8)>,
+    /// Where the row's next leaf is expected: after the one before. The rows of a form type
+    /// mostly share one shape and a row's leaves come in key order, which is nearly the names'
+    /// order, so most leaves are found by one comparison instead of a search.
+    next: usize,
 }
 
 impl ColumnInference {
@@ -70,6 +75,7 @@ impl ColumnInference {
 
     /// Feeds one row's `data`. A non-object `data` has no leaves and adds nothing.
     pub fn observe(&mut self, data: &Value) {
+        self.next = 0;
         for_each_leaf(data, &mut |name, value| self.record(name, kind_of(value)));
     }
 
@@ -78,6 +84,20 @@ impl ColumnInference {
     /// reads every row of an export, and allocating each document's tree was most of its cost.
     /// Text that is not valid JSON adds what was read before the error.
     pub fn observe_json_text(&mut self, text: &str) {
+        // Canonical text, as pushes store `data`, is read by the writing pass's scan, a few times
+        // faster than serde's visitor; any other text takes the visitor. A scan that gives up has
+        // recorded only leaves the visitor records again, and kinds only accumulate, so the
+        // result is the same either way.
+        self.next = 0;
+        if scan(text, &mut |name, leaf| self.record(name, leaf_kind(leaf.as_ref()))).is_some() {
+            return;
+        }
+        self.observe_visited(text);
+    }
+
+    /// [`observe_json_text`](Self::observe_json_text) through serde's visitor alone.
+    pub(super) fn observe_visited(&mut self, text: &str) {
+        self.next = 0;
         let mut de = serde_json::Deserializer::from_str(text);
         de.disable_recursion_limit();
         let mut name = String::from(COLUMN_PREFIX);
@@ -89,20 +109,24 @@ impl ColumnInference {
 
     fn record(&mut self, name: &str, kind: u8) {
         let kinds = &mut self.kinds;
-        if let Some(bits) = kinds.get_mut(name) {
-            *bits |= kind;
-            return;
-        }
-        if kinds.len() >= MAX_DATA_COLUMNS {
-            match kinds.last_key_value() {
-                Some((last, _)) if name > last.as_str() => return,
-                _ => {}
+        let found = match kinds.get(self.next) {
+            Some((expected, _)) if expected == name => Ok(self.next),
+            _ => kinds.binary_search_by(|(n, _)| n.as_str().cmp(name)),
+        };
+        let at = match found {
+            Ok(at) => {
+                kinds[at].1 |= kind;
+                at
             }
-        }
-        kinds.insert(name.to_owned(), kind);
-        if kinds.len() > MAX_DATA_COLUMNS {
-            kinds.pop_last();
-        }
+            // Sorts after MAX_DATA_COLUMNS names already kept: never in the output.
+            Err(at) if at >= MAX_DATA_COLUMNS => return,
+            Err(at) => {
+                kinds.insert(at, (name.to_owned(), kind));
+                kinds.truncate(MAX_DATA_COLUMNS);
+                at
+            }
+        };
+        self.next = at + 1;
     }
 
     /// Number of columns currently tracked (never more than [`MAX_DATA_COLUMNS`]).
@@ -131,14 +155,30 @@ fn kind_of(value: &Value) -> u8 {
 }
 
 fn number_kind(n: &serde_json::Number) -> u8 {
-    if n.is_i64() {
+    number_text_kind(n.as_str())
+}
+
+/// A number's kind from its JSON text, which arbitrary_precision keeps: what `is_i64`, `as_f64`
+/// and `is_u64` answer, as they parse that text.
+fn number_text_kind(text: &str) -> u8 {
+    if text.parse::<i64>().is_ok() {
         KIND_INT
-    } else if n.as_f64().is_none() {
+    } else if !text.parse::<f64>().is_ok_and(f64::is_finite) {
         KIND_OTHER
-    } else if n.is_u64() || is_integer_literal(&n.to_string()) {
+    } else if is_integer_literal(text) {
         KIND_BIG_INT
     } else {
         KIND_FLOAT
+    }
+}
+
+fn leaf_kind(leaf: Option<&Leaf>) -> u8 {
+    match leaf {
+        None => KIND_NULL,
+        Some(Leaf::Bool(_)) => KIND_BOOL,
+        Some(Leaf::Number(text)) => number_text_kind(text),
+        Some(Leaf::Str(_)) => KIND_STRING,
+        Some(Leaf::Raw(_)) => KIND_OTHER,
     }
 }
 

@@ -26,14 +26,14 @@ pub fn observation_json(row: &ExportRow) -> Result<Value, ExportError> {
     m.insert("updated_at".into(), ts(row.updated_at));
     m.insert("synced_at".into(), ts(Some(row.synced_at)));
     m.insert("deleted".into(), row.deleted.into());
-    m.insert("geolocation".into(), row.geolocation.clone().unwrap_or(Value::Null));
+    m.insert("geolocation".into(), row.geolocation_value()?);
     m.insert("version".into(), row.version.into());
     m.insert("author".into(), text(&row.author));
     m.insert("device_id".into(), text(&row.device_id));
     m.insert(
         "tags".into(),
-        match &row.tags {
-            Some(tags) => Value::Array(tags.iter().cloned().map(Value::String).collect()),
+        match row.tag_list()? {
+            Some(tags) => Value::from(tags),
             None => Value::Null,
         },
     );

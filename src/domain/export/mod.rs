@@ -20,6 +20,8 @@ mod fuzz;
 #[cfg(test)]
 mod tests;
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
@@ -45,10 +47,59 @@ pub struct ExportRow {
     /// The stored JSON text.
     pub data: String,
     pub synced_at: DateTime<Utc>,
-    pub geolocation: Option<Value>,
+    /// The stored JSON text (a JSON `null` is no geolocation).
+    pub geolocation: Option<String>,
     pub author: Option<String>,
     pub device_id: Option<String>,
-    pub tags: Option<Vec<String>>,
+    /// The stored JSON text (anything but an array is no tags).
+    pub tags: Option<String>,
+}
+
+impl ExportRow {
+    /// The geolocation as compact JSON, or `None` for none (SQL or JSON null): the stored text
+    /// when it is already what serialising its value writes, as pushes store it.
+    pub fn geolocation_json(&self) -> Result<Option<Cow<'_, str>>, serde_json::Error> {
+        let Some(text) = self.geolocation.as_deref() else { return Ok(None) };
+        if projection::is_canonical(text) {
+            return Ok((text != "null").then_some(Cow::Borrowed(text)));
+        }
+        let value: Value = serde_json::from_str(text)?;
+        Ok((!value.is_null()).then(|| Cow::Owned(value.to_string())))
+    }
+
+    /// The geolocation's value (JSON null for none).
+    pub fn geolocation_value(&self) -> Result<Value, serde_json::Error> {
+        match self.geolocation.as_deref() {
+            Some(text) => serde_json::from_str(text),
+            None => Ok(Value::Null),
+        }
+    }
+
+    /// The tags as exports list them: each element's string, or the JSON text of an element
+    /// that is not one; `None` when the stored value is not an array.
+    pub fn tag_list(&self) -> Result<Option<Vec<String>>, serde_json::Error> {
+        let Some(text) = self.tags.as_deref() else { return Ok(None) };
+        Ok(match serde_json::from_str(text)? {
+            Value::Array(items) => Some(
+                items
+                    .into_iter()
+                    .map(|v| match v {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        })
+    }
+
+    /// [`tag_list`](Self::tag_list) as compact JSON: the stored text when it already is that.
+    pub fn tags_json(&self) -> Result<Option<Cow<'_, str>>, serde_json::Error> {
+        match self.tags.as_deref() {
+            Some(text) if projection::is_canonical_string_array(text) => Ok(Some(Cow::Borrowed(text))),
+            _ => Ok(self.tag_list()?.map(|tags| Cow::Owned(Value::from(tags).to_string()))),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

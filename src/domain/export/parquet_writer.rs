@@ -12,7 +12,8 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 
 /// Row groups hold at most this many rows; the writer keeps at most one row
 /// group's encoded pages in memory.
@@ -62,12 +63,21 @@ enum DataBuilder {
 }
 
 impl DataBuilder {
-    fn new(column_type: ColumnType, rows: usize) -> Self {
+    /// `bytes`: the text a UTF8 column is expected to hold.
+    fn new(column_type: ColumnType, rows: usize, bytes: usize) -> Self {
         match column_type {
             ColumnType::Boolean => Self::Boolean(BooleanBuilder::with_capacity(rows)),
             ColumnType::Int64 => Self::Int64(Int64Builder::with_capacity(rows)),
             ColumnType::Float64 => Self::Float64(Float64Builder::with_capacity(rows)),
-            ColumnType::Utf8 => Self::Utf8(StringBuilder::with_capacity(rows, rows * 8)),
+            ColumnType::Utf8 => Self::Utf8(StringBuilder::with_capacity(rows, bytes)),
+        }
+    }
+
+    /// The text bytes held so far (0 for the other types).
+    fn text_bytes(&self) -> usize {
+        match self {
+            Self::Utf8(b) => b.values_slice().len(),
+            _ => 0,
         }
     }
 
@@ -103,6 +113,10 @@ pub struct ParquetFormWriter<W: Write + Send> {
     schema: SchemaRef,
     columns: Vec<DataColumn>,
     projector: ColumnProjector,
+    /// Text bytes per row of each data column in the batch before: the next batch's builders
+    /// start that size instead of doubling their way up (a free-text column can hold a
+    /// kilobyte a row, and each doubling copies all of it).
+    bytes_per_row: Vec<usize>,
 }
 
 impl<W: Write + Send> ParquetFormWriter<W> {
@@ -113,9 +127,19 @@ impl<W: Write + Send> ParquetFormWriter<W> {
             .set_max_row_group_size(MAX_ROW_GROUP_ROWS)
             .set_compression(Compression::SNAPPY)
             .set_created_by(format!("synkronus {}", env!("CARGO_PKG_VERSION")))
+            .set_column_dictionary_enabled(ColumnPath::from("observation_id"), false)
+            .set_column_dictionary_enabled(ColumnPath::from("geolocation"), false)
+            .set_column_statistics_enabled(ColumnPath::from("data"), EnabledStatistics::None)
+            .set_column_statistics_enabled(ColumnPath::from("geolocation"), EnabledStatistics::None)
             .build();
         let writer = ArrowWriter::try_new(w, Arc::clone(&schema), Some(props))?;
-        Ok(Self { writer, schema, columns: columns.to_vec(), projector: ColumnProjector::new(columns) })
+        Ok(Self {
+            writer,
+            schema,
+            columns: columns.to_vec(),
+            projector: ColumnProjector::new(columns),
+            bytes_per_row: vec![8; columns.len()],
+        })
     }
 
     /// Appends rows in the given order. A row group is flushed to `W` each time
@@ -144,23 +168,28 @@ impl<W: Write + Send> ParquetFormWriter<W> {
         self.writer.in_progress_rows()
     }
 
-    fn record_batch(&self, rows: &[ExportRow]) -> Result<RecordBatch, ExportError> {
+    fn record_batch(&mut self, rows: &[ExportRow]) -> Result<RecordBatch, ExportError> {
         let n = rows.len();
-        let mut observation_id = StringBuilder::with_capacity(n, n * 24);
-        let mut form_type = StringBuilder::with_capacity(n, n * 16);
-        let mut form_version = StringBuilder::with_capacity(n, n * 8);
+        let bytes = |text: fn(&ExportRow) -> usize| rows.iter().map(text).sum::<usize>();
+        let mut observation_id = StringBuilder::with_capacity(n, bytes(|r| r.observation_id.len()));
+        let mut form_type = StringBuilder::with_capacity(n, bytes(|r| r.form_type.len()));
+        let mut form_version = StringBuilder::with_capacity(n, bytes(|r| r.form_version.len()));
         let mut created_at = TimestampMicrosecondBuilder::with_capacity(n).with_timezone(UTC);
         let mut updated_at = TimestampMicrosecondBuilder::with_capacity(n).with_timezone(UTC);
         let mut deleted = BooleanBuilder::with_capacity(n);
         let mut version = Int64Builder::with_capacity(n);
-        let mut data = StringBuilder::with_capacity(n, n * 256);
+        // Canonical text, as nearly every row's is, is the column's value as it is.
+        let mut data = StringBuilder::with_capacity(n, bytes(|r| r.data.len()));
         let mut synced_at = TimestampMicrosecondBuilder::with_capacity(n).with_timezone(UTC);
-        let mut geolocation = StringBuilder::with_capacity(n, n * 64);
-        let mut author = StringBuilder::with_capacity(n, n * 16);
-        let mut device_id = StringBuilder::with_capacity(n, n * 16);
-        let mut tags = StringBuilder::with_capacity(n, n * 16);
-        let mut data_builders: Vec<DataBuilder> =
-            self.columns.iter().map(|c| DataBuilder::new(c.column_type, n)).collect();
+        let mut geolocation =
+            StringBuilder::with_capacity(n, bytes(|r| r.geolocation.as_ref().map_or(0, String::len)));
+        let mut author = StringBuilder::with_capacity(n, bytes(|r| r.author.as_ref().map_or(0, String::len)));
+        let mut device_id =
+            StringBuilder::with_capacity(n, bytes(|r| r.device_id.as_ref().map_or(0, String::len)));
+        let mut tags = StringBuilder::with_capacity(n, bytes(|r| r.tags.as_ref().map_or(0, String::len)));
+        let mut data_builders: Vec<DataBuilder> = (self.columns.iter().zip(&self.bytes_per_row))
+            .map(|(c, per_row)| DataBuilder::new(c.column_type, n, n * per_row))
+            .collect();
 
         let mut slots = Vec::with_capacity(self.columns.len());
         for row in rows {
@@ -176,16 +205,10 @@ impl<W: Write + Send> ParquetFormWriter<W> {
             data.append_value(&data_text);
             synced_at.append_value(row.synced_at.timestamp_micros());
             // A JSON null geolocation is "no geolocation": null, not the text "null".
-            match row.geolocation.as_ref().filter(|g| !g.is_null()) {
-                Some(g) => geolocation.append_value(serde_json::to_string(g)?),
-                None => geolocation.append_null(),
-            }
+            geolocation.append_option(row.geolocation_json()?);
             author.append_option(row.author.as_deref());
             device_id.append_option(row.device_id.as_deref());
-            match &row.tags {
-                Some(t) => tags.append_value(serde_json::to_string(t)?),
-                None => tags.append_null(),
-            }
+            tags.append_option(row.tags_json()?);
             for (builder, slot) in data_builders.iter_mut().zip(slots.iter()) {
                 builder.append(slot.as_ref());
             }
@@ -206,6 +229,9 @@ impl<W: Write + Send> ParquetFormWriter<W> {
             Arc::new(device_id.finish()),
             Arc::new(tags.finish()),
         ];
+        for (per_row, builder) in self.bytes_per_row.iter_mut().zip(&data_builders) {
+            *per_row = builder.text_bytes().div_ceil(n);
+        }
         arrays.extend(data_builders.iter_mut().map(DataBuilder::finish));
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), arrays)?)
     }

@@ -18,7 +18,7 @@ fn ts(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
 }
 
-fn row(id: &str, form_type: &str, version: i64, data: Value) -> ExportRow {
+pub(super) fn row(id: &str, form_type: &str, version: i64, data: Value) -> ExportRow {
     ExportRow {
         observation_id: id.to_owned(),
         form_type: form_type.to_owned(),
@@ -249,15 +249,15 @@ fn household_rows() -> Vec<ExportRow> {
     full.created_at = Some(ts("2025-06-25T12:00:00.123456Z"));
     full.updated_at = Some(ts("2025-06-25T12:05:10.456Z"));
     full.synced_at = ts("2025-06-25T12:06:00.001Z");
-    full.geolocation = Some(j(r#"{"latitude": -1.2921, "longitude": 36.8219, "altitude": null}"#));
+    full.geolocation = Some(r#"{"latitude": -1.2921, "longitude": 36.8219, "altitude": null}"#.to_owned());
     full.author = Some("alice".to_owned());
     full.device_id = Some("dev-1".to_owned());
-    full.tags = Some(vec!["x".to_owned(), "y, \"z\"".to_owned()]);
+    full.tags = Some(r#"["x","y, \"z\""]"#.to_owned());
 
     let mut sparse = row("obs_2", "household", 44, j(r#"{"members": 2, "score": 3, "big": "n/a"}"#));
     sparse.deleted = true;
     sparse.created_at = None;
-    sparse.geolocation = Some(Value::Null);
+    sparse.geolocation = Some("null".to_owned());
     vec![full, sparse]
 }
 
