@@ -4,7 +4,8 @@ use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::push_body::{self, PushBody};
+use super::canonical::{Kind, NodeId, Tape};
+use super::push_body::{self, PushBody, Received};
 use super::{clamp_limit, Dialect, IncomingRecord, PullCursor, PullRequest, PushRequest, Warning};
 use crate::domain::page_token::{self, TokenKind};
 use crate::domain::problem::ItemProblem;
@@ -63,6 +64,23 @@ struct RecordKeys {
     created_at: &'static str,
     updated_at: &'static str,
     device_id: &'static str,
+}
+
+impl RecordKeys {
+    /// The fields of a record read as parsed values (`data` and `geolocation` are read as text).
+    fn parsed(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.id.iter().copied().chain([
+            self.form_type,
+            self.form_version,
+            self.created_at,
+            self.updated_at,
+            self.device_id,
+            "deleted",
+            "version",
+            "author",
+            "tags",
+        ])
+    }
 }
 
 fn record_keys(dialect: Dialect) -> RecordKeys {
@@ -126,8 +144,7 @@ pub fn valid_free_form_id(s: &str) -> bool {
 /// Decodes and validates a parsed push body: the same as [`decode_push_body`] on its text.
 pub fn decode_push(body: &Value) -> DecodeResult<PushRequest> {
     let text = body.to_string();
-    let raw: &RawValue = push_body::parse(&text).map_err(malformed)?;
-    decode_push_body(&PushBody::from_raw(raw).map_err(malformed)?)
+    decode_push_body(&Received::parse(text.as_bytes()).and_then(Received::split).map_err(malformed)?)
 }
 
 fn malformed(e: serde_json::Error) -> DecodeError {
@@ -157,10 +174,13 @@ pub fn decode_push_body(body: &PushBody) -> DecodeResult<PushRequest> {
     let mut problems = Vec::new();
     let mut records = Vec::with_capacity(list.len());
     let mut warnings = Vec::new();
+    let mut reader = RecordReader::default();
     for (index, raw) in list.iter().enumerate() {
-        // One record's tree at a time: it is dropped once the record is decoded.
-        let item: Value = push_body::parse(raw.get()).map_err(malformed)?;
-        match decode_record(&item, index, &keys, &mut problems) {
+        // One record at a time: its tape is reused by the next.
+        let decoded = decode_record(&mut reader, raw.get(), index, &keys, &mut problems)
+            // The error a record refused here always had: parsing it into a `Value` fails alike.
+            .map_err(|e| malformed(push_body::parse::<Value>(raw.get()).err().unwrap_or(e)))?;
+        match decoded {
             Some(record) => {
                 if record.form_type.is_empty() {
                     warnings.push((index, Warning::missing_form_type(&record.id, keys.form_type)));
@@ -251,77 +271,103 @@ fn timestamp(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems)
     }
 }
 
-/// A JSON object field (data, geolocation) that must be storable.
-fn json_object<'a>(
-    rec: &'a Map<String, Value>,
-    key: &str,
-    problems: &mut RecordProblems,
-) -> Option<&'a Value> {
-    match rec.get(key) {
-        None | Some(Value::Null) => None,
-        Some(v @ Value::Object(_)) => {
-            if let Err(why) = storable_json(v) {
-                problems.add(key, "TYPE_ERROR", format!("{key} cannot be stored: {why}"));
+/// Reads records: one tape and one text buffer for all the records of a push.
+#[derive(Default)]
+struct RecordReader {
+    tape: Tape,
+    text: String,
+}
+
+impl RecordReader {
+    /// A JSON object field (data, geolocation) that must be storable, as its canonical text.
+    fn json_object(
+        &mut self,
+        record: &str,
+        node: Option<NodeId>,
+        key: &str,
+        problems: &mut RecordProblems,
+    ) -> serde_json::Result<Option<Box<RawValue>>> {
+        let Some(node) = node else { return Ok(None) };
+        match self.tape.kind(node) {
+            Kind::Null => Ok(None),
+            Kind::Object => {
+                self.text.clear();
+                if let Err(why) = self.tape.write(record, node, &mut self.text) {
+                    problems.add(key, "TYPE_ERROR", format!("{key} cannot be stored: {why}"));
+                    return Ok(None);
+                }
+                RawValue::from_string(self.text.clone()).map(Some)
             }
-            Some(v)
-        }
-        Some(_) => {
-            let what = if key == "data" { "a JSON object" } else { "an object or null" };
-            problems.add(key, "TYPE_ERROR", format!("{key} must be {what}"));
-            None
+            Kind::Other => {
+                let what = if key == "data" { "a JSON object" } else { "an object or null" };
+                problems.add(key, "TYPE_ERROR", format!("{key} must be {what}"));
+                Ok(None)
+            }
         }
     }
 }
 
+/// Decodes one record from its text. Fails exactly where parsing the text into a `Value` fails.
 fn decode_record(
-    item: &Value,
+    reader: &mut RecordReader,
+    text: &str,
     index: usize,
     keys: &RecordKeys,
     problem_list: &mut Vec<ItemProblem>,
-) -> Option<IncomingRecord> {
+) -> serde_json::Result<Option<IncomingRecord>> {
     let base = format!("{}/{index}", keys.list_path);
-    let Some(rec) = item.as_object() else {
+    let root = reader.tape.read(text)?;
+    if reader.tape.kind(root) != Kind::Object {
         problem_list.push(ItemProblem::new(base, "TYPE_ERROR", "record must be a JSON object"));
-        return None;
-    };
+        return Ok(None);
+    }
+    let mut rec = Map::new();
+    for key in keys.parsed() {
+        if let Some(node) = reader.tape.get(text, root, key) {
+            let value = push_body::parse(text.get(reader.tape.span(node)).unwrap_or_default())?;
+            rec.insert(key.to_string(), value);
+        }
+    }
+    let data_node = reader.tape.get(text, root, "data");
+    let geolocation_node = reader.tape.get(text, root, "geolocation");
     let mut problems = RecordProblems { base, record_id: None, list: problem_list, found: false };
 
-    let id = record_id(rec, keys, &mut problems);
+    let id = record_id(&rec, keys, &mut problems);
     problems.record_id = id.clone();
-    let form_type = short_string(rec, keys.form_type, &mut problems);
-    let form_version = short_string(rec, keys.form_version, &mut problems);
-    let deleted = deleted_flag(rec, &mut problems);
-    let data = json_object(rec, "data", &mut problems);
-    if data.is_none() && !deleted && rec.get("data").is_none_or(Value::is_null) {
+    let form_type = short_string(&rec, keys.form_type, &mut problems);
+    let form_version = short_string(&rec, keys.form_version, &mut problems);
+    let deleted = deleted_flag(&rec, &mut problems);
+    let data = reader.json_object(text, data_node, "data", &mut problems)?;
+    if !deleted && data_node.is_none_or(|node| reader.tape.kind(node) == Kind::Null) {
         problems.add("data", "REQUIRED", "data is required unless the record is deleted".into());
     }
-    let created_at = timestamp(rec, keys.created_at, &mut problems);
-    let updated_at = timestamp(rec, keys.updated_at, &mut problems);
-    let geolocation = json_object(rec, "geolocation", &mut problems);
-    let base_version = base_version(rec, &mut problems);
+    let created_at = timestamp(&rec, keys.created_at, &mut problems);
+    let updated_at = timestamp(&rec, keys.updated_at, &mut problems);
+    let geolocation = reader.json_object(text, geolocation_node, "geolocation", &mut problems)?;
+    let base_version = base_version(&rec, &mut problems);
 
     // 2026 fields (docs/api.md §17.5): optional, and a wrong type is dropped rather than failing the sync.
-    let author = optional_text(rec, "author");
-    let device_id = optional_text(rec, keys.device_id);
-    let tags = optional_tags(rec);
+    let author = optional_text(&rec, "author");
+    let device_id = optional_text(&rec, keys.device_id);
+    let tags = optional_tags(&rec);
 
     if problems.found {
-        return None;
+        return Ok(None);
     }
-    Some(IncomingRecord {
-        id: id?,
+    Ok(id.map(|id| IncomingRecord {
+        id,
         form_type,
         form_version,
-        data: data.map(compact_json),
+        data,
         deleted,
         created_at,
         updated_at,
-        geolocation: geolocation.cloned(),
+        geolocation,
         base_version,
         author,
         device_id,
         tags,
-    })
+    }))
 }
 
 /// The record's id: the first present alias, a non-empty string of at most 255 characters.
@@ -389,31 +435,6 @@ fn optional_tags(rec: &Map<String, Value>) -> Option<Vec<String>> {
             .map(|t| t.as_str().filter(|s| !s.contains('\0')).map(str::to_string))
             .collect::<Option<Vec<_>>>()
     })
-}
-
-/// A parsed value as compact JSON text; object keys come out sorted (serde_json's map is ordered).
-fn compact_json(value: &Value) -> Box<RawValue> {
-    // Serialising a parsed `Value` cannot fail: its keys are strings and its numbers are finite.
-    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
-}
-
-/// NUL cannot appear in PostgreSQL text, and `\u0000` breaks any later cast to jsonb (exports,
-/// statistics): refuse it up front so the push fails with 422 instead of a database error.
-fn storable_json(v: &Value) -> Result<(), &'static str> {
-    match v {
-        Value::String(s) if s.contains('\0') => Err("strings must not contain NUL characters"),
-        Value::Array(items) => items.iter().try_for_each(storable_json),
-        Value::Object(map) => {
-            for (k, v) in map {
-                if k.contains('\0') {
-                    return Err("keys must not contain NUL characters");
-                }
-                storable_json(v)?;
-            }
-            Ok(())
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Query-string parts of a pull request (the query wins over the body).

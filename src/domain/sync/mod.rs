@@ -1,5 +1,6 @@
 //! The sync model (docs/api.md §8): one internal record model, three wire dialects.
 
+pub mod canonical;
 pub mod decode;
 pub mod encode;
 pub mod plan;
@@ -28,18 +29,21 @@ impl Dialect {
         let Some(obj) = body.as_object() else {
             return Dialect::Synkronus;
         };
-        let first = obj.get("records").and_then(Value::as_array).and_then(|r| r.first());
-        Self::detect_parts(obj, first)
+        let first_is_spec = obj
+            .get("records")
+            .and_then(Value::as_array)
+            .and_then(|r| r.first())
+            .and_then(Value::as_object)
+            .is_some_and(|r| r.contains_key("id") && r.contains_key("schema_type"));
+        Self::detect_parts(obj, first_is_spec)
     }
 
-    /// Detection from a body's top-level fields and the first element of its `records` array.
-    pub fn detect_parts(obj: &Map<String, Value>, first_record: Option<&Value>) -> Dialect {
+    /// Detection from a body's top-level fields and whether the first element of its `records`
+    /// array is an object with both `id` and `schema_type`.
+    pub fn detect_parts(obj: &Map<String, Value>, first_is_spec: bool) -> Dialect {
         if obj.contains_key("since_change_id") {
             return Dialect::Spec;
         }
-        let first_is_spec = first_record
-            .and_then(Value::as_object)
-            .is_some_and(|r| r.contains_key("id") && r.contains_key("schema_type"));
         if first_is_spec {
             return Dialect::Spec;
         }
@@ -72,7 +76,8 @@ pub struct IncomingRecord {
     pub deleted: bool,
     pub created_at: Option<DateTime<Utc>>,
     pub updated_at: Option<DateTime<Utc>>,
-    pub geolocation: Option<Value>,
+    /// Compact JSON text (keys sorted), like `data`.
+    pub geolocation: Option<Box<RawValue>>,
     pub base_version: Option<i64>,
     pub author: Option<String>,
     pub device_id: Option<String>,
@@ -100,11 +105,23 @@ impl PushRequest {
     /// SHA-256 of the canonical JSON of the decoded records: the same content in another dialect,
     /// key order or spacing is the same payload (docs/api.md §8.6).
     pub fn fingerprint(&self) -> Vec<u8> {
-        let mut hasher = HashWriter(Sha256::new());
-        let canonical: Vec<CanonicalRecord> = self.records.iter().map(CanonicalRecord::from).collect();
-        // Writing into a hasher cannot fail; an error would only come from a Serialize impl.
-        let _ = serde_json::to_writer(&mut hasher, &canonical);
-        hasher.0.finalize().to_vec()
+        // The JSON array of the canonical records, each written to a buffer and hashed in one
+        // piece: the serialiser's many small writes cost more than the hashing when each goes
+        // to the hasher.
+        let mut hasher = Sha256::new();
+        let mut record = Vec::new();
+        hasher.update(b"[");
+        for (i, r) in self.records.iter().enumerate() {
+            if i > 0 {
+                hasher.update(b",");
+            }
+            record.clear();
+            // Writing into a Vec cannot fail; an error would only come from a Serialize impl.
+            let _ = serde_json::to_writer(&mut record, &CanonicalRecord::from(r));
+            hasher.update(&record);
+        }
+        hasher.update(b"]");
+        hasher.finalize().to_vec()
     }
 }
 
@@ -121,7 +138,7 @@ struct CanonicalRecord<'a> {
     device_id: &'a Option<String>,
     form_type: &'a str,
     form_version: &'a str,
-    geolocation: &'a Option<Value>,
+    geolocation: &'a Option<Box<RawValue>>,
     id: &'a str,
     tags: &'a Option<Vec<String>>,
     updated_at: Option<DateTime<Utc>>,
@@ -143,19 +160,6 @@ impl<'a> From<&'a IncomingRecord> for CanonicalRecord<'a> {
             tags: &r.tags,
             updated_at: r.updated_at,
         }
-    }
-}
-
-struct HashWriter(Sha256);
-
-impl std::io::Write for HashWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
