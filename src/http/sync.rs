@@ -279,3 +279,4 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         resource("/sync/pull", "GET, HEAD, POST").route(web::post().to(pull)).route(get().to(pull_get)),
     );
 }
+
