@@ -62,7 +62,8 @@ fn push_body(n: usize, client_order: bool) -> Vec<u8> {
 
 #[inline(never)]
 fn decode_for_callgrind(bytes: &[u8]) -> Result<PushRequest, String> {
-    let body = parse_push_body(bytes).and_then(|r| r.split().map_err(malformed_json)).map_err(|e| e.message)?;
+    let body =
+        parse_push_body(bytes).and_then(|r| r.split().map_err(malformed_json)).map_err(|e| e.message)?;
     decode_push_body(&body).map_err(|e| e.message)
 }
 
@@ -82,6 +83,11 @@ fn main() -> Result<(), String> {
     for _ in 0..pushes {
         fingerprint = fingerprint_for_callgrind(&decode_for_callgrind(std::hint::black_box(&body))?);
     }
-    println!("{} pushes of 50 records, {} bytes each; fingerprint {}", pushes, body.len(), hex::encode(fingerprint));
+    println!(
+        "{} pushes of 50 records, {} bytes each; fingerprint {}",
+        pushes,
+        body.len(),
+        hex::encode(fingerprint)
+    );
     Ok(())
 }

@@ -279,4 +279,3 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         resource("/sync/pull", "GET, HEAD, POST").route(web::post().to(pull)).route(get().to(pull_get)),
     );
 }
-

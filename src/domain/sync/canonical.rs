@@ -9,8 +9,9 @@
 //! file holds the two to the same bytes.
 //!
 //! A [`Tape`] first reads a whole value into flat, reusable arrays: every node is a span of the
-//! text, objects keep their entries sorted, and a string is decoded only when re-escaping could
-//! change it. Both passes loop over an explicit stack, so no input nests the Rust stack.
+//! text, objects keep their entries as read (sorted only when written: a record's own fields are
+//! looked up, never written), and a string is decoded only when re-escaping could change it. Both
+//! passes loop over an explicit stack, so no input nests the Rust stack.
 
 use std::ops::Range;
 
@@ -45,7 +46,7 @@ enum Shape {
     Decoded,
     /// `inner` is the range of its items in `Tape::items`.
     Array,
-    /// `inner` is the range of its entries in `Tape::entries`, sorted by key, one per key.
+    /// `inner` is the range of its entries in `Tape::entries`, as read.
     Object,
 }
 
@@ -80,7 +81,8 @@ struct Frame {
     key: Option<Key>,
 }
 
-/// An object or array being written: the next member and the end of its members.
+/// An object or array being written: its members are `items[first..end]` for an array, and for
+/// an object the entries at `order[first..end]` (sorted, one per key); `next` is the next to write.
 #[derive(Debug, Clone, Copy)]
 struct Open {
     object: bool,
@@ -101,6 +103,7 @@ pub struct Tape {
     pending_entries: Vec<Entry>,
     frames: Vec<Frame>,
     open: Vec<Open>,
+    order: Vec<usize>,
 }
 
 type Result<T> = std::result::Result<T, serde_json::Error>;
@@ -218,7 +221,9 @@ impl Tape {
                         i += 1;
                         self.frames.pop();
                         let (shape, inner) = if frame.key.is_some() {
-                            (Shape::Object, self.close_object(text, frame.pending))
+                            let at = self.entries.len();
+                            self.entries.extend(self.pending_entries.drain(frame.pending..));
+                            (Shape::Object, (at, self.entries.len()))
                         } else {
                             let at = self.items.len();
                             self.items.extend(self.pending_items.drain(frame.pending..));
@@ -265,26 +270,6 @@ impl Tape {
         Ok((from, self.decoded.len()))
     }
 
-    /// Sorts the entries of the object whose members wait from `pending` on, keeping the last
-    /// of each key as a parsed map does, and moves them to `entries`.
-    fn close_object(&mut self, text: &str, pending: usize) -> (usize, usize) {
-        let Tape { entries, pending_entries, decoded, .. } = self;
-        let key = |k: &Key| key_text(text, decoded, *k);
-        let members = &mut pending_entries[pending..];
-        if !members.windows(2).all(|w| key(&w[0].key) < key(&w[1].key)) {
-            // Stable: of equal keys the last read stays last.
-            members.sort_by(|a, b| key(&a.key).cmp(key(&b.key)));
-        }
-        let at = entries.len();
-        for entry in pending_entries.drain(pending..) {
-            match entries[at..].last_mut() {
-                Some(last) if key(&last.key) == key(&entry.key) => *last = entry,
-                _ => entries.push(entry),
-            }
-        }
-        (at, entries.len())
-    }
-
     /// What decoding needs to know of a node.
     pub fn kind(&self, node: NodeId) -> Kind {
         match self.nodes.get(node).map(|n| n.shape) {
@@ -299,12 +284,18 @@ impl Tape {
         self.nodes.get(node).map_or(0..0, |n| n.start..n.end)
     }
 
-    /// The value of `key` in `object`, when it has one.
-    pub fn get(&self, text: &str, object: NodeId, key: &str) -> Option<NodeId> {
-        let node = self.nodes.get(object).filter(|n| n.shape == Shape::Object)?;
-        let entries = self.entries.get(node.inner.0..node.inner.1)?;
-        let at = entries.binary_search_by(|e| key_text(text, &self.decoded, e.key).cmp(key)).ok()?;
-        entries.get(at).map(|e| e.value)
+    /// The entries of `object` as read: every key with its value, repeated keys included.
+    pub fn entries<'t>(
+        &'t self,
+        text: &'t str,
+        object: NodeId,
+    ) -> impl Iterator<Item = (&'t str, NodeId)> + 't {
+        let range = match self.nodes.get(object) {
+            Some(node) if node.shape == Shape::Object => node.inner.0..node.inner.1,
+            _ => 0..0,
+        };
+        let entries = self.entries.get(range).unwrap_or_default();
+        entries.iter().map(move |e| (key_text(text, &self.decoded, e.key), e.value))
     }
 
     /// Appends the canonical text of `node` (read from `text`) to `out`, or says why the value
@@ -315,11 +306,37 @@ impl Tape {
         node: NodeId,
         out: &mut String,
     ) -> std::result::Result<(), &'static str> {
-        let mut open = std::mem::take(&mut self.open);
+        let (mut open, mut order) = (std::mem::take(&mut self.open), std::mem::take(&mut self.order));
         open.clear();
-        let written = self.write_with(text, node, out, &mut open);
-        self.open = open;
+        order.clear();
+        let written = self.write_with(text, node, out, &mut open, &mut order);
+        (self.open, self.order) = (open, order);
         written
+    }
+
+    /// Appends to `order` the entries `entries[from..to]` of an object in key order, keeping of a
+    /// repeated key the last read, as a parsed map does.
+    fn sort_entries(&self, text: &str, (from, to): (usize, usize), order: &mut Vec<usize>) {
+        let key = |i: usize| self.entries.get(i).map_or("", |e| key_text(text, &self.decoded, e.key));
+        let first = order.len();
+        order.extend(from..to);
+        let members = &mut order[first..];
+        if members.windows(2).all(|w| key(w[0]) < key(w[1])) {
+            return;
+        }
+        // Stable: of equal keys the last read stays last, and replaces the ones before it.
+        members.sort_by(|a, b| key(*a).cmp(key(*b)));
+        let mut kept = first;
+        for at in first..order.len() {
+            let entry = order[at];
+            if kept > first && key(order[kept - 1]) == key(entry) {
+                order[kept - 1] = entry;
+            } else {
+                order[kept] = entry;
+                kept += 1;
+            }
+        }
+        order.truncate(kept);
     }
 
     fn write_with(
@@ -328,6 +345,7 @@ impl Tape {
         mut id: NodeId,
         out: &mut String,
         open: &mut Vec<Open>,
+        order: &mut Vec<usize>,
     ) -> std::result::Result<(), &'static str> {
         loop {
             let Some(node) = self.nodes.get(id) else { return Ok(()) };
@@ -353,12 +371,9 @@ impl Tape {
                 }
                 Shape::Object => {
                     out.push('{');
-                    open.push(Open {
-                        object: true,
-                        first: node.inner.0,
-                        next: node.inner.0,
-                        end: node.inner.1,
-                    });
+                    let first = order.len();
+                    self.sort_entries(text, node.inner, order);
+                    open.push(Open { object: true, first, next: first, end: order.len() });
                 }
             }
             // The next value to write, closing the containers that have none left.
@@ -366,6 +381,9 @@ impl Tape {
                 let Some(top) = open.last_mut() else { return Ok(()) };
                 if top.next == top.end {
                     out.push(if top.object { '}' } else { ']' });
+                    if top.object {
+                        order.truncate(top.first);
+                    }
                     open.pop();
                     continue;
                 }
@@ -375,7 +393,7 @@ impl Tape {
                 let at = top.next;
                 top.next += 1;
                 if top.object {
-                    let Some(entry) = self.entries.get(at) else { return Ok(()) };
+                    let Some(entry) = order.get(at).and_then(|&e| self.entries.get(e)) else { return Ok(()) };
                     match entry.key {
                         Key::Text(from, to) => {
                             out.push('"');
@@ -432,6 +450,16 @@ enum Escapes {
 fn string_end(b: &[u8], start: usize) -> Result<(usize, Escapes)> {
     let mut i = start + 1;
     let mut escapes = Escapes::None;
+    // Most strings (keys, ids, dates) are short: a look at their first bytes is cheaper than
+    // setting up a vector search.
+    let near = b.len().min(i + 24);
+    while i < near {
+        match b[i] {
+            b'"' => return Ok((i + 1, escapes)),
+            b'\\' => break,
+            _ => i += 1,
+        }
+    }
     loop {
         let rest = b.get(i..).unwrap_or_default();
         match memchr::memchr2(b'"', b'\\', rest) {

@@ -215,7 +215,8 @@ fn count_bad_records(problems: &[ItemProblem], list_path: &str) -> usize {
 
 /// Collects one record's problems under its JSON pointer.
 struct RecordProblems<'a> {
-    base: String,
+    list_path: &'a str,
+    index: usize,
     record_id: Option<String>,
     list: &'a mut Vec<ItemProblem>,
     found: bool,
@@ -223,7 +224,7 @@ struct RecordProblems<'a> {
 
 impl RecordProblems<'_> {
     fn add(&mut self, key: &str, code: &str, message: String) {
-        let mut p = ItemProblem::new(format!("{}/{key}", self.base), code, message);
+        let mut p = ItemProblem::new(format!("{}/{}/{key}", self.list_path, self.index), code, message);
         p.record_id = self.record_id.clone();
         self.list.push(p);
         self.found = true;
@@ -231,7 +232,7 @@ impl RecordProblems<'_> {
 }
 
 /// Form type and version: optional strings of at most 255 characters.
-fn short_string(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems) -> String {
+fn short_string(rec: &Fields, key: &str, problems: &mut RecordProblems) -> String {
     match rec.get(key) {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) if s.chars().count() > MAX_ID_CHARS => {
@@ -250,7 +251,7 @@ fn short_string(rec: &Map<String, Value>, key: &str, problems: &mut RecordProble
     }
 }
 
-fn timestamp(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems) -> Option<DateTime<Utc>> {
+fn timestamp(rec: &Fields, key: &str, problems: &mut RecordProblems) -> Option<DateTime<Utc>> {
     match rec.get(key) {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => {
@@ -271,38 +272,55 @@ fn timestamp(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems)
     }
 }
 
-/// Reads records: one tape and one text buffer for all the records of a push.
+/// The fields of a record decoding reads as parsed values; of a repeated key the last counts.
+#[derive(Default)]
+struct Fields(Vec<(&'static str, Value)>);
+
+impl Fields {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    fn set(&mut self, key: &'static str, value: Value) {
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some(field) => field.1 = value,
+            None => self.0.push((key, value)),
+        }
+    }
+}
+
+/// Reads records: one tape and one field list for all the records of a push.
 #[derive(Default)]
 struct RecordReader {
     tape: Tape,
-    text: String,
+    fields: Fields,
 }
 
-impl RecordReader {
-    /// A JSON object field (data, geolocation) that must be storable, as its canonical text.
-    fn json_object(
-        &mut self,
-        record: &str,
-        node: Option<NodeId>,
-        key: &str,
-        problems: &mut RecordProblems,
-    ) -> serde_json::Result<Option<Box<RawValue>>> {
-        let Some(node) = node else { return Ok(None) };
-        match self.tape.kind(node) {
-            Kind::Null => Ok(None),
-            Kind::Object => {
-                self.text.clear();
-                if let Err(why) = self.tape.write(record, node, &mut self.text) {
-                    problems.add(key, "TYPE_ERROR", format!("{key} cannot be stored: {why}"));
-                    return Ok(None);
-                }
-                RawValue::from_string(self.text.clone()).map(Some)
+/// A JSON object field (data, geolocation) that must be storable, as its canonical text.
+fn json_object(
+    tape: &mut Tape,
+    record: &str,
+    node: Option<NodeId>,
+    key: &str,
+    problems: &mut RecordProblems,
+) -> serde_json::Result<Option<Box<RawValue>>> {
+    let Some(node) = node else { return Ok(None) };
+    match tape.kind(node) {
+        Kind::Null => Ok(None),
+        Kind::Object => {
+            // Room for the text as sent: the canonical text is rarely longer (an exponent gains
+            // its sign), so the box is made without another copy.
+            let mut text = String::with_capacity(tape.span(node).len() + 8);
+            if let Err(why) = tape.write(record, node, &mut text) {
+                problems.add(key, "TYPE_ERROR", format!("{key} cannot be stored: {why}"));
+                return Ok(None);
             }
-            Kind::Other => {
-                let what = if key == "data" { "a JSON object" } else { "an object or null" };
-                problems.add(key, "TYPE_ERROR", format!("{key} must be {what}"));
-                Ok(None)
-            }
+            RawValue::from_string(text).map(Some)
+        }
+        Kind::Other => {
+            let what = if key == "data" { "a JSON object" } else { "an object or null" };
+            problems.add(key, "TYPE_ERROR", format!("{key} must be {what}"));
+            Ok(None)
         }
     }
 }
@@ -315,41 +333,53 @@ fn decode_record(
     keys: &RecordKeys,
     problem_list: &mut Vec<ItemProblem>,
 ) -> serde_json::Result<Option<IncomingRecord>> {
-    let base = format!("{}/{index}", keys.list_path);
-    let root = reader.tape.read(text)?;
-    if reader.tape.kind(root) != Kind::Object {
-        problem_list.push(ItemProblem::new(base, "TYPE_ERROR", "record must be a JSON object"));
+    let RecordReader { tape, fields } = reader;
+    let root = tape.read(text)?;
+    if tape.kind(root) != Kind::Object {
+        let path = format!("{}/{index}", keys.list_path);
+        problem_list.push(ItemProblem::new(path, "TYPE_ERROR", "record must be a JSON object"));
         return Ok(None);
     }
-    let mut rec = Map::new();
-    for key in keys.parsed() {
-        if let Some(node) = reader.tape.get(text, root, key) {
-            let value = push_body::parse(text.get(reader.tape.span(node)).unwrap_or_default())?;
-            rec.insert(key.to_string(), value);
+    fields.0.clear();
+    let (mut data_node, mut geolocation_node) = (None, None);
+    for (key, node) in tape.entries(text, root) {
+        match key {
+            "data" => data_node = Some(node),
+            "geolocation" => geolocation_node = Some(node),
+            _ => {
+                if let Some(name) = keys.parsed().find(|name| *name == key) {
+                    fields.set(name, push_body::parse(text.get(tape.span(node)).unwrap_or_default())?);
+                }
+            }
         }
     }
-    let data_node = reader.tape.get(text, root, "data");
-    let geolocation_node = reader.tape.get(text, root, "geolocation");
-    let mut problems = RecordProblems { base, record_id: None, list: problem_list, found: false };
+    let rec = &*fields;
+    let mut problems = RecordProblems {
+        list_path: keys.list_path,
+        index,
+        record_id: None,
+        list: problem_list,
+        found: false,
+    };
 
-    let id = record_id(&rec, keys, &mut problems);
+    let id = record_id(rec, keys, &mut problems);
     problems.record_id = id.clone();
-    let form_type = short_string(&rec, keys.form_type, &mut problems);
-    let form_version = short_string(&rec, keys.form_version, &mut problems);
-    let deleted = deleted_flag(&rec, &mut problems);
-    let data = reader.json_object(text, data_node, "data", &mut problems)?;
-    if !deleted && data_node.is_none_or(|node| reader.tape.kind(node) == Kind::Null) {
+    let form_type = short_string(rec, keys.form_type, &mut problems);
+    let form_version = short_string(rec, keys.form_version, &mut problems);
+    let deleted = deleted_flag(rec, &mut problems);
+    let data = json_object(tape, text, data_node, "data", &mut problems)?;
+    if !deleted && data_node.is_none_or(|node| tape.kind(node) == Kind::Null) {
         problems.add("data", "REQUIRED", "data is required unless the record is deleted".into());
     }
-    let created_at = timestamp(&rec, keys.created_at, &mut problems);
-    let updated_at = timestamp(&rec, keys.updated_at, &mut problems);
-    let geolocation = reader.json_object(text, geolocation_node, "geolocation", &mut problems)?;
-    let base_version = base_version(&rec, &mut problems);
+    let created_at = timestamp(rec, keys.created_at, &mut problems);
+    let updated_at = timestamp(rec, keys.updated_at, &mut problems);
+    let geolocation = json_object(tape, text, geolocation_node, "geolocation", &mut problems)?;
+    let base_version = base_version(rec, &mut problems);
 
     // 2026 fields (docs/api.md §17.5): optional, and a wrong type is dropped rather than failing the sync.
-    let author = optional_text(&rec, "author");
-    let device_id = optional_text(&rec, keys.device_id);
-    let tags = optional_tags(&rec);
+    let author = optional_text(rec, "author");
+    let device_id = optional_text(rec, keys.device_id);
+    let tags = optional_tags(rec);
 
     if problems.found {
         return Ok(None);
@@ -371,7 +401,7 @@ fn decode_record(
 }
 
 /// The record's id: the first present alias, a non-empty string of at most 255 characters.
-fn record_id(rec: &Map<String, Value>, keys: &RecordKeys, problems: &mut RecordProblems) -> Option<String> {
+fn record_id(rec: &Fields, keys: &RecordKeys, problems: &mut RecordProblems) -> Option<String> {
     let (id_key, id_value) = keys
         .id
         .iter()
@@ -398,7 +428,7 @@ fn record_id(rec: &Map<String, Value>, keys: &RecordKeys, problems: &mut RecordP
     }
 }
 
-fn deleted_flag(rec: &Map<String, Value>, problems: &mut RecordProblems) -> bool {
+fn deleted_flag(rec: &Fields, problems: &mut RecordProblems) -> bool {
     match rec.get("deleted") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -410,7 +440,7 @@ fn deleted_flag(rec: &Map<String, Value>, problems: &mut RecordProblems) -> bool
 }
 
 /// The version the client's change is based on, when it names one.
-fn base_version(rec: &Map<String, Value>, problems: &mut RecordProblems) -> Option<i64> {
+fn base_version(rec: &Fields, problems: &mut RecordProblems) -> Option<i64> {
     match rec.get("version") {
         None | Some(Value::Null) => None,
         Some(v) => {
@@ -423,12 +453,12 @@ fn base_version(rec: &Map<String, Value>, problems: &mut RecordProblems) -> Opti
     }
 }
 
-fn optional_text(rec: &Map<String, Value>, key: &str) -> Option<String> {
+fn optional_text(rec: &Fields, key: &str) -> Option<String> {
     rec.get(key).and_then(Value::as_str).filter(|s| !s.contains('\0')).map(str::to_string)
 }
 
 /// Tags: an array of strings, or nothing at all when any item is not one.
-fn optional_tags(rec: &Map<String, Value>) -> Option<Vec<String>> {
+fn optional_tags(rec: &Fields) -> Option<Vec<String>> {
     rec.get("tags").and_then(Value::as_array).and_then(|items| {
         items
             .iter()

@@ -130,9 +130,8 @@ impl<'a> PushBody<'a> {
             let mut tape = Tape::default();
             let text = raw.get();
             tape.read(text).is_ok_and(|root| {
-                tape.kind(root) == Kind::Object
-                    && tape.get(text, root, "id").is_some()
-                    && tape.get(text, root, "schema_type").is_some()
+                let has = |name: &str| tape.entries(text, root).any(|(key, _)| key == name);
+                tape.kind(root) == Kind::Object && has("id") && has("schema_type")
             })
         });
         Dialect::detect_parts(fields, first_is_spec)

@@ -117,19 +117,23 @@ fn deep_nesting_uses_no_recursion() {
 }
 
 #[test]
-fn fields_are_found_by_their_decoded_key() {
+fn entries_are_listed_as_read_with_their_decoded_keys() {
     let text = r#"{"b": 1, "\u0061": [2], "a": {"x": 3}, "c": null}"#;
     let mut tape = Tape::default();
     let root = tape.read(text).unwrap();
     assert_eq!(tape.kind(root), Kind::Object);
-    let a = tape.get(text, root, "a").unwrap();
-    assert_eq!(&text[tape.span(a)], r#"{"x": 3}"#);
-    assert_eq!(tape.kind(a), Kind::Object);
-    assert_eq!(tape.kind(tape.get(text, root, "c").unwrap()), Kind::Null);
-    assert_eq!(tape.kind(tape.get(text, root, "b").unwrap()), Kind::Other);
-    assert!(tape.get(text, root, "d").is_none());
-    assert!(tape.get(text, a, "x").is_some());
-    assert!(tape.get(text, tape.get(text, root, "b").unwrap(), "x").is_none());
+    let entries: Vec<(&str, NodeId)> = tape.entries(text, root).collect();
+    let keys: Vec<&str> = entries.iter().map(|(k, _)| *k).collect();
+    assert_eq!(keys, ["b", "a", "a", "c"]);
+    assert_eq!(&text[tape.span(entries[1].1)], "[2]");
+    assert_eq!(&text[tape.span(entries[2].1)], r#"{"x": 3}"#);
+    assert_eq!(tape.kind(entries[2].1), Kind::Object);
+    assert_eq!(tape.kind(entries[3].1), Kind::Null);
+    assert_eq!(tape.kind(entries[0].1), Kind::Other);
+    assert_eq!(tape.entries(text, entries[0].1).count(), 0);
+    let mut out = String::new();
+    tape.write(text, root, &mut out).unwrap();
+    assert_eq!(out, r#"{"a":{"x":3},"b":1,"c":null}"#);
 }
 
 /// A JSON value as text, with the freedom the grammar allows: spacing, escapes of any character,
