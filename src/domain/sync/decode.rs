@@ -405,7 +405,7 @@ fn record_id(rec: &Fields, keys: &RecordKeys, problems: &mut RecordProblems) -> 
     let (id_key, id_value) = keys
         .id
         .iter()
-        .find_map(|k| rec.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
+        .find_map(|k| rec.get(k).filter(|v| !v.is_null()).map(|v| (*k, v)))
         .unwrap_or((keys.id[0], &Value::Null));
     match id_value {
         Value::String(s) if !s.is_empty() && s.chars().count() > MAX_ID_CHARS => {
