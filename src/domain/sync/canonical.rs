@@ -497,7 +497,7 @@ fn write_exponent(out: &mut String, number: &str) {
 
 /// A string as serde_json writes it: `"` and `\` escaped, the control characters as `\b`, `\t`,
 /// `\n`, `\f`, `\r` or `\u00xx`, everything else as it is.
-fn write_escaped(out: &mut String, s: &str) {
+pub fn write_escaped(out: &mut String, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push('"');
     let mut run = 0;
