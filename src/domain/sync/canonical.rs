@@ -13,6 +13,7 @@
 //! looked up, never written), and a string is decoded only when re-escaping could change it. Both
 //! passes loop over an explicit stack, so no input nests the Rust stack.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use serde::de::{self, Deserializer as _, Visitor};
@@ -35,19 +36,33 @@ pub enum Kind {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
-    /// `null`: written as it stands.
     Null,
-    /// `true`, `false`, a number without exponent, or a string whose escapes serde_json writes
-    /// the same way (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`): written as it stands.
-    Verbatim,
+    Bool,
+    /// A number without exponent.
+    Number,
     /// A number with an exponent.
     Exponent,
+    /// A string without escapes.
+    Text,
+    /// A string whose escapes serde_json writes the same way (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`,
+    /// `\t`): written as it stands, decoded when read.
+    Escaped,
     /// A string with `\u` or `\/` escapes; `inner` is its decoded text in `Tape::decoded`.
     Decoded,
     /// `inner` is the range of its items in `Tape::items`.
     Array,
     /// `inner` is the range of its entries in `Tape::entries`, as read.
     Object,
+}
+
+/// A value as decoding reads a record's own fields: strings decoded, anything else as its text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Field<'t> {
+    Null,
+    Bool(bool),
+    Text(Cow<'t, str>),
+    /// A number, array or object.
+    Other(&'t str),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -169,7 +184,8 @@ impl Tape {
                             let inner = self.decode(text, start, end)?;
                             Node { shape: Shape::Decoded, start, end, inner }
                         }
-                        _ => Node { shape: Shape::Verbatim, start, end, inner: (0, 0) },
+                        Escapes::Same => Node { shape: Shape::Escaped, start, end, inner: (0, 0) },
+                        Escapes::None => Node { shape: Shape::Text, start, end, inner: (0, 0) },
                     }
                 }
                 Some(b'-' | b'0'..=b'9') => {
@@ -179,11 +195,11 @@ impl Tape {
                         exponent |= matches!(c, b'e' | b'E');
                         i += 1;
                     }
-                    let shape = if exponent { Shape::Exponent } else { Shape::Verbatim };
+                    let shape = if exponent { Shape::Exponent } else { Shape::Number };
                     Node { shape, start, end: i, inner: (0, 0) }
                 }
-                Some(b't') => literal(b, &mut i, b"true", Shape::Verbatim)?,
-                Some(b'f') => literal(b, &mut i, b"false", Shape::Verbatim)?,
+                Some(b't') => literal(b, &mut i, b"true", Shape::Bool)?,
+                Some(b'f') => literal(b, &mut i, b"false", Shape::Bool)?,
                 Some(b'n') => literal(b, &mut i, b"null", Shape::Null)?,
                 _ => return Err(syntax(i)),
             };
@@ -279,6 +295,22 @@ impl Tape {
         }
     }
 
+    /// A node as a record field: strings decoded.
+    pub fn field<'t>(&self, text: &'t str, node: NodeId) -> Result<Field<'t>> {
+        let Some(n) = self.nodes.get(node) else { return Ok(Field::Null) };
+        let source = text.get(n.start..n.end).unwrap_or_default();
+        Ok(match n.shape {
+            Shape::Null => Field::Null,
+            Shape::Bool => Field::Bool(source == "true"),
+            Shape::Text => Field::Text(Cow::Borrowed(source.get(1..source.len() - 1).unwrap_or_default())),
+            Shape::Escaped => Field::Text(Cow::Owned(serde_json::from_str(source)?)),
+            Shape::Decoded => Field::Text(Cow::Owned(
+                self.decoded.get(n.inner.0..n.inner.1).unwrap_or_default().to_string(),
+            )),
+            Shape::Number | Shape::Exponent | Shape::Array | Shape::Object => Field::Other(source),
+        })
+    }
+
     /// The node's text in the text it was read from.
     pub fn span(&self, node: NodeId) -> Range<usize> {
         self.nodes.get(node).map_or(0..0, |n| n.start..n.end)
@@ -351,7 +383,9 @@ impl Tape {
             let Some(node) = self.nodes.get(id) else { return Ok(()) };
             let source = text.get(node.start..node.end).unwrap_or_default();
             match node.shape {
-                Shape::Null | Shape::Verbatim => out.push_str(source),
+                Shape::Null | Shape::Bool | Shape::Number | Shape::Text | Shape::Escaped => {
+                    out.push_str(source)
+                }
                 Shape::Exponent => write_exponent(out, source),
                 Shape::Decoded => {
                     let s = self.decoded.get(node.inner.0..node.inner.1).unwrap_or_default();

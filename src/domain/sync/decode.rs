@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::canonical::{Kind, NodeId, Tape};
+use super::canonical::{Field, Kind, NodeId, Tape};
 use super::push_body::{self, PushBody, Received};
 use super::{clamp_limit, Dialect, IncomingRecord, PullCursor, PullRequest, PushRequest, Warning};
 use crate::domain::page_token::{self, TokenKind};
@@ -217,7 +217,7 @@ fn count_bad_records(problems: &[ItemProblem], list_path: &str) -> usize {
 struct RecordProblems<'a> {
     list_path: &'a str,
     index: usize,
-    record_id: Option<String>,
+    record_id: Option<&'a str>,
     list: &'a mut Vec<ItemProblem>,
     found: bool,
 }
@@ -225,7 +225,7 @@ struct RecordProblems<'a> {
 impl RecordProblems<'_> {
     fn add(&mut self, key: &str, code: &str, message: String) {
         let mut p = ItemProblem::new(format!("{}/{}/{key}", self.list_path, self.index), code, message);
-        p.record_id = self.record_id.clone();
+        p.record_id = self.record_id.map(str::to_string);
         self.list.push(p);
         self.found = true;
     }
@@ -234,16 +234,16 @@ impl RecordProblems<'_> {
 /// Form type and version: optional strings of at most 255 characters.
 fn short_string(rec: &Fields, key: &str, problems: &mut RecordProblems) -> String {
     match rec.get(key) {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) if s.chars().count() > MAX_ID_CHARS => {
+        None | Some(Field::Null) => String::new(),
+        Some(Field::Text(s)) if s.chars().count() > MAX_ID_CHARS => {
             problems.add(key, "TOO_LONG", format!("{key} is longer than 255 characters"));
             String::new()
         }
-        Some(Value::String(s)) if s.contains('\0') => {
+        Some(Field::Text(s)) if s.contains('\0') => {
             problems.add(key, "TYPE_ERROR", format!("{key} must not contain NUL characters"));
             String::new()
         }
-        Some(Value::String(s)) => s.clone(),
+        Some(Field::Text(s)) => s.to_string(),
         Some(_) => {
             problems.add(key, "TYPE_ERROR", format!("{key} must be a string"));
             String::new()
@@ -253,8 +253,8 @@ fn short_string(rec: &Fields, key: &str, problems: &mut RecordProblems) -> Strin
 
 fn timestamp(rec: &Fields, key: &str, problems: &mut RecordProblems) -> Option<DateTime<Utc>> {
     match rec.get(key) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => {
+        None | Some(Field::Null) => None,
+        Some(Field::Text(s)) => {
             let parsed = parse_rfc3339(s);
             if parsed.is_none() {
                 problems.add(
@@ -272,28 +272,35 @@ fn timestamp(rec: &Fields, key: &str, problems: &mut RecordProblems) -> Option<D
     }
 }
 
-/// The fields of a record decoding reads as parsed values; of a repeated key the last counts.
-#[derive(Default)]
-struct Fields(Vec<(&'static str, Value)>);
+/// The fields of a record decoding reads, strings borrowed from its text where they can be; of a
+/// repeated key the last counts.
+struct Fields<'t>(Vec<(&'static str, Field<'t>)>);
 
-impl Fields {
-    fn get(&self, key: &str) -> Option<&Value> {
+impl<'t> Fields<'t> {
+    fn get(&self, key: &str) -> Option<&Field<'t>> {
         self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
-    fn set(&mut self, key: &'static str, value: Value) {
+    fn set(&mut self, key: &'static str, value: Field<'t>) {
         match self.0.iter_mut().find(|(k, _)| *k == key) {
             Some(field) => field.1 = value,
             None => self.0.push((key, value)),
         }
     }
+
+    /// A number, array or object field as its parsed value.
+    fn parsed(&self, key: &str) -> Option<Value> {
+        match self.get(key) {
+            Some(Field::Other(text)) => push_body::parse(text).ok(),
+            _ => None,
+        }
+    }
 }
 
-/// Reads records: one tape and one field list for all the records of a push.
+/// Reads records: one tape for all the records of a push.
 #[derive(Default)]
 struct RecordReader {
     tape: Tape,
-    fields: Fields,
 }
 
 /// A JSON object field (data, geolocation) that must be storable, as its canonical text.
@@ -333,14 +340,14 @@ fn decode_record(
     keys: &RecordKeys,
     problem_list: &mut Vec<ItemProblem>,
 ) -> serde_json::Result<Option<IncomingRecord>> {
-    let RecordReader { tape, fields } = reader;
+    let tape = &mut reader.tape;
     let root = tape.read(text)?;
     if tape.kind(root) != Kind::Object {
         let path = format!("{}/{index}", keys.list_path);
         problem_list.push(ItemProblem::new(path, "TYPE_ERROR", "record must be a JSON object"));
         return Ok(None);
     }
-    fields.0.clear();
+    let mut fields = Fields(Vec::with_capacity(12));
     let (mut data_node, mut geolocation_node) = (None, None);
     for (key, node) in tape.entries(text, root) {
         match key {
@@ -348,12 +355,12 @@ fn decode_record(
             "geolocation" => geolocation_node = Some(node),
             _ => {
                 if let Some(name) = keys.parsed().find(|name| *name == key) {
-                    fields.set(name, push_body::parse(text.get(tape.span(node)).unwrap_or_default())?);
+                    fields.set(name, tape.field(text, node)?);
                 }
             }
         }
     }
-    let rec = &*fields;
+    let rec = &fields;
     let mut problems = RecordProblems {
         list_path: keys.list_path,
         index,
@@ -363,7 +370,7 @@ fn decode_record(
     };
 
     let id = record_id(rec, keys, &mut problems);
-    problems.record_id = id.clone();
+    problems.record_id = id.as_deref();
     let form_type = short_string(rec, keys.form_type, &mut problems);
     let form_version = short_string(rec, keys.form_version, &mut problems);
     let deleted = deleted_flag(rec, &mut problems);
@@ -405,19 +412,19 @@ fn record_id(rec: &Fields, keys: &RecordKeys, problems: &mut RecordProblems) -> 
     let (id_key, id_value) = keys
         .id
         .iter()
-        .find_map(|k| rec.get(k).filter(|v| !v.is_null()).map(|v| (*k, v)))
-        .unwrap_or((keys.id[0], &Value::Null));
+        .find_map(|k| rec.get(k).filter(|v| **v != Field::Null).map(|v| (*k, v)))
+        .unwrap_or((keys.id[0], &Field::Null));
     match id_value {
-        Value::String(s) if !s.is_empty() && s.chars().count() > MAX_ID_CHARS => {
+        Field::Text(s) if !s.is_empty() && s.chars().count() > MAX_ID_CHARS => {
             problems.add(id_key, "TOO_LONG", format!("{id_key} is longer than 255 characters"));
             None
         }
-        Value::String(s) if s.contains('\0') => {
+        Field::Text(s) if s.contains('\0') => {
             problems.add(id_key, "TYPE_ERROR", format!("{id_key} must not contain NUL characters"));
             None
         }
-        Value::String(s) if !s.is_empty() => Some(s.clone()),
-        Value::Null | Value::String(_) => {
+        Field::Text(s) if !s.is_empty() => Some(s.to_string()),
+        Field::Null | Field::Text(_) => {
             problems.add(id_key, "REQUIRED", format!("{id_key} is required"));
             None
         }
@@ -430,8 +437,8 @@ fn record_id(rec: &Fields, keys: &RecordKeys, problems: &mut RecordProblems) -> 
 
 fn deleted_flag(rec: &Fields, problems: &mut RecordProblems) -> bool {
     match rec.get("deleted") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
+        None | Some(Field::Null) => false,
+        Some(Field::Bool(b)) => *b,
         Some(_) => {
             problems.add("deleted", "TYPE_ERROR", "deleted must be a boolean".into());
             false
@@ -442,9 +449,9 @@ fn deleted_flag(rec: &Fields, problems: &mut RecordProblems) -> bool {
 /// The version the client's change is based on, when it names one.
 fn base_version(rec: &Fields, problems: &mut RecordProblems) -> Option<i64> {
     match rec.get("version") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let parsed = v.as_i64().filter(|n| *n >= 0);
+        None | Some(Field::Null) => None,
+        Some(_) => {
+            let parsed = rec.parsed("version").and_then(|v| v.as_i64()).filter(|n| *n >= 0);
             if parsed.is_none() {
                 problems.add("version", "TYPE_ERROR", "version must be an integer >= 0".into());
             }
@@ -454,12 +461,15 @@ fn base_version(rec: &Fields, problems: &mut RecordProblems) -> Option<i64> {
 }
 
 fn optional_text(rec: &Fields, key: &str) -> Option<String> {
-    rec.get(key).and_then(Value::as_str).filter(|s| !s.contains('\0')).map(str::to_string)
+    match rec.get(key) {
+        Some(Field::Text(s)) if !s.contains('\0') => Some(s.to_string()),
+        _ => None,
+    }
 }
 
 /// Tags: an array of strings, or nothing at all when any item is not one.
 fn optional_tags(rec: &Fields) -> Option<Vec<String>> {
-    rec.get("tags").and_then(Value::as_array).and_then(|items| {
+    rec.parsed("tags").as_ref().and_then(Value::as_array).and_then(|items| {
         items
             .iter()
             .map(|t| t.as_str().filter(|s| !s.contains('\0')).map(str::to_string))
@@ -614,3 +624,6 @@ fn normalize_types(mut types: Vec<String>) -> Vec<String> {
     types.dedup();
     types
 }
+
+#[cfg(test)]
+mod tests;
