@@ -212,22 +212,12 @@ fn nesting_exceeds(bytes: &[u8], max: usize) -> bool {
         i += 1;
         match b {
             b'"' => loop {
-                // Keys and short values end within a few bytes: a look at them one by one is
-                // cheaper than setting up a vector search.
-                let near = bytes.len().min(i + 16);
-                while i < near && !matches!(bytes[i], b'"' | b'\\') {
-                    i += 1;
-                }
-                let found = if i < near {
-                    Some(i)
-                } else {
-                    memchr::memchr2(b'"', b'\\', bytes.get(i..).unwrap_or_default()).map(|at| i + at)
-                };
-                match found {
+                let rest = bytes.get(i..).unwrap_or_default();
+                match memchr::memchr2(b'"', b'\\', rest) {
                     // An escape: the next byte is part of it, whatever it is.
-                    Some(at) if bytes[at] == b'\\' => i = at + 2,
+                    Some(at) if rest[at] == b'\\' => i += at + 2,
                     Some(at) => {
-                        i = at + 1;
+                        i += at + 1;
                         break;
                     }
                     // An unterminated string: no bracket follows.
