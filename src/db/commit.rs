@@ -105,7 +105,7 @@ pub struct RevisionBatch<'a> {
     pub deleted: Vec<bool>,
     pub created_at: Vec<Option<DateTime<Utc>>>,
     pub updated_at: Vec<Option<DateTime<Utc>>>,
-    pub geolocation: Vec<Option<&'a Value>>,
+    pub geolocation: Vec<Option<records::JsonText<'a>>>,
     pub author: Vec<Option<&'a str>>,
     pub device_id: Vec<Option<&'a str>>,
     pub tags: Vec<Option<Json<&'a [String]>>>,
@@ -185,7 +185,7 @@ impl<'a> RevisionBatch<'a> {
             b.deleted.push(rec.deleted);
             b.created_at.push(r.created_at);
             b.updated_at.push(r.updated_at);
-            b.geolocation.push(rec.geolocation.as_ref());
+            b.geolocation.push(rec.geolocation.as_deref().map(|g| records::JsonText(g.get())));
             b.author.push(rec.author.as_deref());
             b.device_id.push(rec.device_id.as_deref());
             b.tags.push(rec.tags.as_deref().map(Json));

@@ -5,8 +5,8 @@
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
-use tokio_postgres::types::{IsNull, ToSql};
 
+use crate::db::records::JsonText;
 use crate::db::DbResult;
 
 /// What the target already holds.
@@ -127,24 +127,6 @@ pub async fn insert_records(db: &tokio_postgres::Transaction<'_>, records: &[New
     }
     writer.finish().await?;
     Ok(())
-}
-
-/// JSON text sent as it is (the binary form of `json` is its text).
-#[derive(Debug)]
-struct JsonText<'a>(&'a str);
-
-impl ToSql for JsonText<'_> {
-    fn to_sql(
-        &self,
-        _: &tokio_postgres::types::Type,
-        out: &mut bytes::BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        out.extend_from_slice(self.0.as_bytes());
-        Ok(IsNull::No)
-    }
-
-    tokio_postgres::types::accepts!(JSON);
-    tokio_postgres::types::to_sql_checked!();
 }
 
 /// A current attachment (with its blob already in place) or, with `sha256: None`, a tombstone.

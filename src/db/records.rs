@@ -33,6 +33,25 @@ pub(crate) const COPY_TYPES: [tokio_postgres::types::Type; 14] = {
     ]
 };
 
+/// JSON text sent as it is (the binary form of `json` is its text): no `Value` to serialise on
+/// the way to the `json` columns.
+#[derive(Debug, Clone, Copy)]
+pub struct JsonText<'a>(pub &'a str);
+
+impl ToSql for JsonText<'_> {
+    fn to_sql(
+        &self,
+        _: &tokio_postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.extend_from_slice(self.0.as_bytes());
+        Ok(tokio_postgres::types::IsNull::No)
+    }
+
+    tokio_postgres::types::accepts!(JSON);
+    tokio_postgres::types::to_sql_checked!();
+}
+
 /// Serialises change_id allocation across server processes sharing one database.
 pub(super) const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
 pub(super) const LOCK_SQL: &str = "SELECT pg_advisory_xact_lock($1)";

@@ -78,6 +78,39 @@ impl Stamp {
     }
 }
 
+/// Appends `t` as chrono's `Serialize` writes it (RFC 3339 with `Z` and a fraction of 0, 3, 6 or
+/// 9 digits), the form the push fingerprint hashes, without chrono's formatter.
+pub fn write_serde_form(out: &mut String, t: DateTime<Utc>) {
+    let Some(stamp) = Stamp::of(t) else {
+        out.push_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true));
+        return;
+    };
+    let text = stamp.as_str();
+    let nanos = t.nanosecond();
+    // The stamp's fraction is to microseconds, trailing zeros trimmed; chrono writes 3 digits for
+    // whole milliseconds, else 6, else 9.
+    let digits = match nanos {
+        0 => 0,
+        n if n % 1_000_000 == 0 => 3,
+        n if n % 1_000 == 0 => 6,
+        _ => {
+            out.push_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true));
+            return;
+        }
+    };
+    let seconds = &text[..19];
+    out.push_str(seconds);
+    if digits > 0 {
+        let fraction = text.get(20..text.len() - 1).unwrap_or_default();
+        out.push('.');
+        out.push_str(fraction);
+        for _ in fraction.len()..digits {
+            out.push('0');
+        }
+    }
+    out.push('Z');
+}
+
 fn strftime_format(t: DateTime<Utc>) -> String {
     let micros = t.nanosecond() / 1000;
     if micros == 0 {
@@ -100,6 +133,49 @@ mod tests {
         assert_eq!(format(parse_rfc3339("2025-06-27T12:55:58+02:00").unwrap()), "2025-06-27T10:55:58Z");
         assert_eq!(format(parse_rfc3339("2025-06-27T10:55:58.120000Z").unwrap()), "2025-06-27T10:55:58.12Z");
         assert!(parse_rfc3339("2025-06-27T10:55:58").is_none());
+    }
+
+    #[test]
+    fn the_serde_form_is_chronos() {
+        use chrono::TimeZone;
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let edges = [0i64, 1, -1, 253_402_300_799, 253_402_300_800, -62_167_219_200, -62_167_219_201];
+        let spread: Vec<i64> =
+            (0..20_000).map(|_| (next() % 600_000_000_000) as i64 - 200_000_000_000).collect();
+        for secs in edges.into_iter().chain(spread) {
+            for nanos in [
+                0u32,
+                1,
+                1_000,
+                10_000,
+                120_000_000,
+                999_999_000,
+                999_999_999,
+                (next() % 1_000_000_000) as u32,
+            ] {
+                let Some(t) = Utc.timestamp_opt(secs, nanos).single() else { continue };
+                let mut out = String::new();
+                write_serde_form(&mut out, t);
+                assert_eq!(format!("\"{out}\""), serde_json::to_string(&t).unwrap(), "{secs} {nanos}");
+            }
+        }
+        // A leap second.
+        let leap = chrono::NaiveDate::from_ymd_opt(2016, 12, 31).unwrap().and_hms_nano_opt(
+            23,
+            59,
+            59,
+            1_500_000_000,
+        );
+        let t = leap.unwrap().and_utc();
+        let mut out = String::new();
+        write_serde_form(&mut out, t);
+        assert_eq!(format!("\"{out}\""), serde_json::to_string(&t).unwrap());
     }
 
     #[test]

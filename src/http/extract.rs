@@ -13,6 +13,7 @@ use serde_json::Value;
 use crate::auth::{bearer_token, AuthUser};
 use crate::domain::api_version::ApiVersion;
 use crate::domain::audit::Origin;
+use crate::domain::sync::push_body::Received;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::http::body_budget::BodyPermit;
 use crate::state::AppState;
@@ -176,37 +177,53 @@ pub fn parse_json(bytes: &[u8]) -> ApiResult<Value> {
 /// Parses JSON into any type, borrowing from `bytes` where it can (a `&RawValue` keeps the text
 /// instead of building a tree), with the nesting limit of [`parse_json`].
 pub fn parse_json_as<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> ApiResult<T> {
-    if nesting_exceeds(bytes, MAX_JSON_DEPTH) {
-        return Err(ApiError::bad_request(format!("JSON nesting deeper than {MAX_JSON_DEPTH} levels")));
-    }
+    check_nesting(bytes)?;
     let mut de = serde_json::Deserializer::from_slice(bytes);
     // The scan above bounds the depth, so the parser's recursion stays shallow.
     de.disable_recursion_limit();
     T::deserialize(&mut de).and_then(|v| de.end().map(|()| v)).map_err(malformed_json)
 }
 
+/// A push body (docs/api.md §8.3): checked and split in one pass where it can be, with the
+/// nesting limit and the errors of [`parse_json_as`].
+pub fn parse_push_body(bytes: &[u8]) -> ApiResult<Received<'_>> {
+    check_nesting(bytes)?;
+    Received::parse(bytes).map_err(malformed_json)
+}
+
 pub fn malformed_json(e: serde_json::Error) -> ApiError {
     ApiError::bad_request(format!("Malformed JSON: {e}"))
 }
 
+fn check_nesting(bytes: &[u8]) -> ApiResult<()> {
+    if nesting_exceeds(bytes, MAX_JSON_DEPTH) {
+        return Err(ApiError::bad_request(format!("JSON nesting deeper than {MAX_JSON_DEPTH} levels")));
+    }
+    Ok(())
+}
+
 /// True when brackets outside strings nest deeper than `max`. Up to the first syntax error the
-/// parser sees the same structure, so this bounds its depth even for malformed input.
+/// parser sees the same structure, so this bounds its depth even for malformed input. Strings,
+/// most of a push body's bytes, are crossed by `memchr` from one quote or backslash to the next.
 fn nesting_exceeds(bytes: &[u8], max: usize) -> bool {
     let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &b in bytes {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        i += 1;
         match b {
-            b'"' => in_string = true,
+            b'"' => loop {
+                let rest = bytes.get(i..).unwrap_or_default();
+                match memchr::memchr2(b'"', b'\\', rest) {
+                    // An escape: the next byte is part of it, whatever it is.
+                    Some(at) if rest[at] == b'\\' => i += at + 2,
+                    Some(at) => {
+                        i += at + 1;
+                        break;
+                    }
+                    // An unterminated string: no bracket follows.
+                    None => return false,
+                }
+            },
             b'[' | b'{' => {
                 depth += 1;
                 if depth > max {
@@ -312,6 +329,54 @@ mod tests {
         assert!(parse_json(in_string.as_bytes()).is_ok());
         // Deep but malformed input is refused either way.
         assert!(parse_json("[".repeat(1000).as_bytes()).is_err());
+    }
+
+    /// The byte-by-byte scan the memchr one replaced, kept as the reference.
+    fn nesting_exceeds_byte_by_byte(bytes: &[u8], max: usize) -> bool {
+        let mut depth = 0usize;
+        let mut in_string = false;
+        let mut escaped = false;
+        for &b in bytes {
+            if in_string {
+                match b {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    if depth > max {
+                        return true;
+                    }
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        false
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::testing::config(2048))]
+
+        #[test]
+        fn nesting_scan_equals_the_byte_by_byte_one(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![
+                    6 => proptest::sample::select(b"[]{}\"\\\\\"a ".to_vec()),
+                    1 => proptest::prelude::any::<u8>(),
+                ],
+                0..200,
+            ),
+            max in 0usize..6,
+        ) {
+            proptest::prop_assert_eq!(nesting_exceeds(&bytes, max), nesting_exceeds_byte_by_byte(&bytes, max));
+        }
     }
 
     #[test]

@@ -3,7 +3,6 @@
 
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::actors::change_log::{reset_required, Push};
@@ -13,12 +12,12 @@ use crate::db::replicas::Target;
 use crate::domain::api_version::ApiVersion;
 use crate::domain::role::Role;
 use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push_body, PullQuery};
-use crate::domain::sync::push_body::PushBody;
+use crate::domain::sync::push_body::{PushBody, Received};
 use crate::domain::sync::{encode, Dialect, PullPage, PullRequest, PushRequest, StoredRecord, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
 use crate::http::compress::negotiated;
 use crate::http::context::{served_by, X_API_VERSION_USED};
-use crate::http::extract::{api_version, malformed_json, parse_json_as, state, Auth, BodyBytes, JsonBody};
+use crate::http::extract::{api_version, malformed_json, parse_push_body, state, Auth, BodyBytes, JsonBody};
 use crate::state::AppState;
 
 static X_IDEMPOTENT_REPLAY: HeaderName = HeaderName::from_static("x-idempotent-replay");
@@ -95,11 +94,11 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, body: BodyBytes) -> ApiR
     // the budget is held until the change log has answered.
     let BodyBytes { bytes, permit } = body;
     // Malformed JSON is a 400 before any role check, as for every JSON body.
-    let raw: Option<&RawValue> =
-        if bytes.iter().all(u8::is_ascii_whitespace) { None } else { Some(parse_json_as(&bytes)?) };
+    let received =
+        if bytes.iter().all(u8::is_ascii_whitespace) { None } else { Some(parse_push_body(&bytes)?) };
     caller.require(Role::ReadWrite)?;
     let st = state(&req)?;
-    let (mut request, expected_generation) = decode_push_text(&req, raw)?;
+    let (mut request, expected_generation) = decode_push_text(&req, received)?;
     drop(bytes);
     check_schemas(st, &mut request).await?;
     let fingerprint = request.fingerprint();
@@ -131,9 +130,9 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, body: BodyBytes) -> ApiR
 }
 
 /// The push and the repository generation its sender holds. An empty body is not an object.
-fn decode_push_text(req: &HttpRequest, raw: Option<&RawValue>) -> ApiResult<(PushRequest, Option<i64>)> {
-    let body = match raw {
-        Some(raw) => PushBody::from_raw(raw).map_err(malformed_json)?,
+fn decode_push_text(req: &HttpRequest, received: Option<Received>) -> ApiResult<(PushRequest, Option<i64>)> {
+    let body = match received {
+        Some(received) => received.split().map_err(malformed_json)?,
         None => PushBody::default(),
     };
     Ok((decode_push_body(&body)?, generation_sent(req, body.field("repository_generation"))))

@@ -4,7 +4,8 @@ use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::push_body::{self, PushBody};
+use super::canonical::{Field, Kind, NodeId, Tape};
+use super::push_body::{self, PushBody, Received};
 use super::{clamp_limit, Dialect, IncomingRecord, PullCursor, PullRequest, PushRequest, Warning};
 use crate::domain::page_token::{self, TokenKind};
 use crate::domain::problem::ItemProblem;
@@ -63,6 +64,23 @@ struct RecordKeys {
     created_at: &'static str,
     updated_at: &'static str,
     device_id: &'static str,
+}
+
+impl RecordKeys {
+    /// The fields of a record read as parsed values (`data` and `geolocation` are read as text).
+    fn parsed(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.id.iter().copied().chain([
+            self.form_type,
+            self.form_version,
+            self.created_at,
+            self.updated_at,
+            self.device_id,
+            "deleted",
+            "version",
+            "author",
+            "tags",
+        ])
+    }
 }
 
 fn record_keys(dialect: Dialect) -> RecordKeys {
@@ -126,8 +144,7 @@ pub fn valid_free_form_id(s: &str) -> bool {
 /// Decodes and validates a parsed push body: the same as [`decode_push_body`] on its text.
 pub fn decode_push(body: &Value) -> DecodeResult<PushRequest> {
     let text = body.to_string();
-    let raw: &RawValue = push_body::parse(&text).map_err(malformed)?;
-    decode_push_body(&PushBody::from_raw(raw).map_err(malformed)?)
+    decode_push_body(&Received::parse(text.as_bytes()).and_then(Received::split).map_err(malformed)?)
 }
 
 fn malformed(e: serde_json::Error) -> DecodeError {
@@ -157,10 +174,13 @@ pub fn decode_push_body(body: &PushBody) -> DecodeResult<PushRequest> {
     let mut problems = Vec::new();
     let mut records = Vec::with_capacity(list.len());
     let mut warnings = Vec::new();
+    let mut reader = RecordReader::default();
     for (index, raw) in list.iter().enumerate() {
-        // One record's tree at a time: it is dropped once the record is decoded.
-        let item: Value = push_body::parse(raw.get()).map_err(malformed)?;
-        match decode_record(&item, index, &keys, &mut problems) {
+        // One record at a time: its tape is reused by the next.
+        let decoded = decode_record(&mut reader, raw.get(), index, &keys, &mut problems)
+            // The error a record refused here always had: parsing it into a `Value` fails alike.
+            .map_err(|e| malformed(push_body::parse::<Value>(raw.get()).err().unwrap_or(e)))?;
+        match decoded {
             Some(record) => {
                 if record.form_type.is_empty() {
                     warnings.push((index, Warning::missing_form_type(&record.id, keys.form_type)));
@@ -195,34 +215,35 @@ fn count_bad_records(problems: &[ItemProblem], list_path: &str) -> usize {
 
 /// Collects one record's problems under its JSON pointer.
 struct RecordProblems<'a> {
-    base: String,
-    record_id: Option<String>,
+    list_path: &'a str,
+    index: usize,
+    record_id: Option<&'a str>,
     list: &'a mut Vec<ItemProblem>,
     found: bool,
 }
 
 impl RecordProblems<'_> {
     fn add(&mut self, key: &str, code: &str, message: String) {
-        let mut p = ItemProblem::new(format!("{}/{key}", self.base), code, message);
-        p.record_id = self.record_id.clone();
+        let mut p = ItemProblem::new(format!("{}/{}/{key}", self.list_path, self.index), code, message);
+        p.record_id = self.record_id.map(str::to_string);
         self.list.push(p);
         self.found = true;
     }
 }
 
 /// Form type and version: optional strings of at most 255 characters.
-fn short_string(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems) -> String {
+fn short_string(rec: &Fields, key: &str, problems: &mut RecordProblems) -> String {
     match rec.get(key) {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) if s.chars().count() > MAX_ID_CHARS => {
+        None | Some(Field::Null) => String::new(),
+        Some(Field::Text(s)) if s.chars().count() > MAX_ID_CHARS => {
             problems.add(key, "TOO_LONG", format!("{key} is longer than 255 characters"));
             String::new()
         }
-        Some(Value::String(s)) if s.contains('\0') => {
+        Some(Field::Text(s)) if s.contains('\0') => {
             problems.add(key, "TYPE_ERROR", format!("{key} must not contain NUL characters"));
             String::new()
         }
-        Some(Value::String(s)) => s.clone(),
+        Some(Field::Text(s)) => s.to_string(),
         Some(_) => {
             problems.add(key, "TYPE_ERROR", format!("{key} must be a string"));
             String::new()
@@ -230,10 +251,10 @@ fn short_string(rec: &Map<String, Value>, key: &str, problems: &mut RecordProble
     }
 }
 
-fn timestamp(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems) -> Option<DateTime<Utc>> {
+fn timestamp(rec: &Fields, key: &str, problems: &mut RecordProblems) -> Option<DateTime<Utc>> {
     match rec.get(key) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => {
+        None | Some(Field::Null) => None,
+        Some(Field::Text(s)) => {
             let parsed = parse_rfc3339(s);
             if parsed.is_none() {
                 problems.add(
@@ -251,53 +272,115 @@ fn timestamp(rec: &Map<String, Value>, key: &str, problems: &mut RecordProblems)
     }
 }
 
-/// A JSON object field (data, geolocation) that must be storable.
-fn json_object<'a>(
-    rec: &'a Map<String, Value>,
-    key: &str,
-    problems: &mut RecordProblems,
-) -> Option<&'a Value> {
-    match rec.get(key) {
-        None | Some(Value::Null) => None,
-        Some(v @ Value::Object(_)) => {
-            if let Err(why) = storable_json(v) {
-                problems.add(key, "TYPE_ERROR", format!("{key} cannot be stored: {why}"));
-            }
-            Some(v)
+/// The fields of a record decoding reads, strings borrowed from its text where they can be; of a
+/// repeated key the last counts.
+struct Fields<'t>(Vec<(&'static str, Field<'t>)>);
+
+impl<'t> Fields<'t> {
+    fn get(&self, key: &str) -> Option<&Field<'t>> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    fn set(&mut self, key: &'static str, value: Field<'t>) {
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some(field) => field.1 = value,
+            None => self.0.push((key, value)),
         }
-        Some(_) => {
-            let what = if key == "data" { "a JSON object" } else { "an object or null" };
-            problems.add(key, "TYPE_ERROR", format!("{key} must be {what}"));
-            None
+    }
+
+    /// A number, array or object field as its parsed value.
+    fn parsed(&self, key: &str) -> Option<Value> {
+        match self.get(key) {
+            Some(Field::Other(text)) => push_body::parse(text).ok(),
+            _ => None,
         }
     }
 }
 
+/// Reads records: one tape for all the records of a push.
+#[derive(Default)]
+struct RecordReader {
+    tape: Tape,
+}
+
+/// A JSON object field (data, geolocation) that must be storable, as its canonical text.
+fn json_object(
+    tape: &mut Tape,
+    record: &str,
+    node: Option<NodeId>,
+    key: &str,
+    problems: &mut RecordProblems,
+) -> serde_json::Result<Option<Box<RawValue>>> {
+    let Some(node) = node else { return Ok(None) };
+    match tape.kind(node) {
+        Kind::Null => Ok(None),
+        Kind::Object => {
+            // Room for the text as sent: the canonical text is rarely longer (an exponent gains
+            // its sign), so the box is made without another copy.
+            let mut text = String::with_capacity(tape.span(node).len() + 8);
+            if let Err(why) = tape.write(record, node, &mut text) {
+                problems.add(key, "TYPE_ERROR", format!("{key} cannot be stored: {why}"));
+                return Ok(None);
+            }
+            RawValue::from_string(text).map(Some)
+        }
+        Kind::Other => {
+            let what = if key == "data" { "a JSON object" } else { "an object or null" };
+            problems.add(key, "TYPE_ERROR", format!("{key} must be {what}"));
+            Ok(None)
+        }
+    }
+}
+
+/// Decodes one record from its text. Fails exactly where parsing the text into a `Value` fails.
 fn decode_record(
-    item: &Value,
+    reader: &mut RecordReader,
+    text: &str,
     index: usize,
     keys: &RecordKeys,
     problem_list: &mut Vec<ItemProblem>,
-) -> Option<IncomingRecord> {
-    let base = format!("{}/{index}", keys.list_path);
-    let Some(rec) = item.as_object() else {
-        problem_list.push(ItemProblem::new(base, "TYPE_ERROR", "record must be a JSON object"));
-        return None;
+) -> serde_json::Result<Option<IncomingRecord>> {
+    let tape = &mut reader.tape;
+    let root = tape.read(text)?;
+    if tape.kind(root) != Kind::Object {
+        let path = format!("{}/{index}", keys.list_path);
+        problem_list.push(ItemProblem::new(path, "TYPE_ERROR", "record must be a JSON object"));
+        return Ok(None);
+    }
+    let mut fields = Fields(Vec::with_capacity(12));
+    let (mut data_node, mut geolocation_node) = (None, None);
+    for (key, node) in tape.entries(text, root) {
+        match key {
+            "data" => data_node = Some(node),
+            "geolocation" => geolocation_node = Some(node),
+            _ => {
+                if let Some(name) = keys.parsed().find(|name| *name == key) {
+                    fields.set(name, tape.field(text, node)?);
+                }
+            }
+        }
+    }
+    let rec = &fields;
+    let mut problems = RecordProblems {
+        list_path: keys.list_path,
+        index,
+        record_id: None,
+        list: problem_list,
+        found: false,
     };
-    let mut problems = RecordProblems { base, record_id: None, list: problem_list, found: false };
 
     let id = record_id(rec, keys, &mut problems);
-    problems.record_id = id.clone();
+    problems.record_id = id.as_deref();
     let form_type = short_string(rec, keys.form_type, &mut problems);
     let form_version = short_string(rec, keys.form_version, &mut problems);
     let deleted = deleted_flag(rec, &mut problems);
-    let data = json_object(rec, "data", &mut problems);
-    if data.is_none() && !deleted && rec.get("data").is_none_or(Value::is_null) {
+    let data = json_object(tape, text, data_node, "data", &mut problems)?;
+    if !deleted && data_node.is_none_or(|node| tape.kind(node) == Kind::Null) {
         problems.add("data", "REQUIRED", "data is required unless the record is deleted".into());
     }
     let created_at = timestamp(rec, keys.created_at, &mut problems);
     let updated_at = timestamp(rec, keys.updated_at, &mut problems);
-    let geolocation = json_object(rec, "geolocation", &mut problems);
+    let geolocation = json_object(tape, text, geolocation_node, "geolocation", &mut problems)?;
     let base_version = base_version(rec, &mut problems);
 
     // 2026 fields (docs/api.md §17.5): optional, and a wrong type is dropped rather than failing the sync.
@@ -306,42 +389,42 @@ fn decode_record(
     let tags = optional_tags(rec);
 
     if problems.found {
-        return None;
+        return Ok(None);
     }
-    Some(IncomingRecord {
-        id: id?,
+    Ok(id.map(|id| IncomingRecord {
+        id,
         form_type,
         form_version,
-        data: data.map(compact_json),
+        data,
         deleted,
         created_at,
         updated_at,
-        geolocation: geolocation.cloned(),
+        geolocation,
         base_version,
         author,
         device_id,
         tags,
-    })
+    }))
 }
 
 /// The record's id: the first present alias, a non-empty string of at most 255 characters.
-fn record_id(rec: &Map<String, Value>, keys: &RecordKeys, problems: &mut RecordProblems) -> Option<String> {
+fn record_id(rec: &Fields, keys: &RecordKeys, problems: &mut RecordProblems) -> Option<String> {
     let (id_key, id_value) = keys
         .id
         .iter()
-        .find_map(|k| rec.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
-        .unwrap_or((keys.id[0], &Value::Null));
+        .find_map(|k| rec.get(k).filter(|v| **v != Field::Null).map(|v| (*k, v)))
+        .unwrap_or((keys.id[0], &Field::Null));
     match id_value {
-        Value::String(s) if !s.is_empty() && s.chars().count() > MAX_ID_CHARS => {
+        Field::Text(s) if !s.is_empty() && s.chars().count() > MAX_ID_CHARS => {
             problems.add(id_key, "TOO_LONG", format!("{id_key} is longer than 255 characters"));
             None
         }
-        Value::String(s) if s.contains('\0') => {
+        Field::Text(s) if s.contains('\0') => {
             problems.add(id_key, "TYPE_ERROR", format!("{id_key} must not contain NUL characters"));
             None
         }
-        Value::String(s) if !s.is_empty() => Some(s.clone()),
-        Value::Null | Value::String(_) => {
+        Field::Text(s) if !s.is_empty() => Some(s.to_string()),
+        Field::Null | Field::Text(_) => {
             problems.add(id_key, "REQUIRED", format!("{id_key} is required"));
             None
         }
@@ -352,10 +435,10 @@ fn record_id(rec: &Map<String, Value>, keys: &RecordKeys, problems: &mut RecordP
     }
 }
 
-fn deleted_flag(rec: &Map<String, Value>, problems: &mut RecordProblems) -> bool {
+fn deleted_flag(rec: &Fields, problems: &mut RecordProblems) -> bool {
     match rec.get("deleted") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
+        None | Some(Field::Null) => false,
+        Some(Field::Bool(b)) => *b,
         Some(_) => {
             problems.add("deleted", "TYPE_ERROR", "deleted must be a boolean".into());
             false
@@ -364,11 +447,11 @@ fn deleted_flag(rec: &Map<String, Value>, problems: &mut RecordProblems) -> bool
 }
 
 /// The version the client's change is based on, when it names one.
-fn base_version(rec: &Map<String, Value>, problems: &mut RecordProblems) -> Option<i64> {
+fn base_version(rec: &Fields, problems: &mut RecordProblems) -> Option<i64> {
     match rec.get("version") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let parsed = v.as_i64().filter(|n| *n >= 0);
+        None | Some(Field::Null) => None,
+        Some(_) => {
+            let parsed = rec.parsed("version").and_then(|v| v.as_i64()).filter(|n| *n >= 0);
             if parsed.is_none() {
                 problems.add("version", "TYPE_ERROR", "version must be an integer >= 0".into());
             }
@@ -377,43 +460,21 @@ fn base_version(rec: &Map<String, Value>, problems: &mut RecordProblems) -> Opti
     }
 }
 
-fn optional_text(rec: &Map<String, Value>, key: &str) -> Option<String> {
-    rec.get(key).and_then(Value::as_str).filter(|s| !s.contains('\0')).map(str::to_string)
+fn optional_text(rec: &Fields, key: &str) -> Option<String> {
+    match rec.get(key) {
+        Some(Field::Text(s)) if !s.contains('\0') => Some(s.to_string()),
+        _ => None,
+    }
 }
 
 /// Tags: an array of strings, or nothing at all when any item is not one.
-fn optional_tags(rec: &Map<String, Value>) -> Option<Vec<String>> {
-    rec.get("tags").and_then(Value::as_array).and_then(|items| {
+fn optional_tags(rec: &Fields) -> Option<Vec<String>> {
+    rec.parsed("tags").as_ref().and_then(Value::as_array).and_then(|items| {
         items
             .iter()
             .map(|t| t.as_str().filter(|s| !s.contains('\0')).map(str::to_string))
             .collect::<Option<Vec<_>>>()
     })
-}
-
-/// A parsed value as compact JSON text; object keys come out sorted (serde_json's map is ordered).
-fn compact_json(value: &Value) -> Box<RawValue> {
-    // Serialising a parsed `Value` cannot fail: its keys are strings and its numbers are finite.
-    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
-}
-
-/// NUL cannot appear in PostgreSQL text, and `\u0000` breaks any later cast to jsonb (exports,
-/// statistics): refuse it up front so the push fails with 422 instead of a database error.
-fn storable_json(v: &Value) -> Result<(), &'static str> {
-    match v {
-        Value::String(s) if s.contains('\0') => Err("strings must not contain NUL characters"),
-        Value::Array(items) => items.iter().try_for_each(storable_json),
-        Value::Object(map) => {
-            for (k, v) in map {
-                if k.contains('\0') {
-                    return Err("keys must not contain NUL characters");
-                }
-                storable_json(v)?;
-            }
-            Ok(())
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Query-string parts of a pull request (the query wins over the body).
@@ -563,3 +624,6 @@ fn normalize_types(mut types: Vec<String>) -> Vec<String> {
     types.dedup();
     types
 }
+
+#[cfg(test)]
+mod tests;

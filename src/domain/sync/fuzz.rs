@@ -175,7 +175,7 @@ proptest! {
                 created_at: r.created_at,
                 updated_at: r.updated_at,
                 synced_at: chrono::Utc::now(),
-                geolocation: r.geolocation.as_ref().map(raw),
+                geolocation: r.geolocation.clone(),
                 author: r.author.clone(),
                 device_id: r.device_id.clone(),
                 tags: r.tags.clone().map(|t| raw(&Value::from(t))),

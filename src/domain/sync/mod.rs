@@ -1,5 +1,6 @@
 //! The sync model (docs/api.md §8): one internal record model, three wire dialects.
 
+pub mod canonical;
 pub mod decode;
 pub mod encode;
 pub mod plan;
@@ -7,6 +8,8 @@ pub mod push_body;
 
 #[cfg(test)]
 mod fuzz;
+
+use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -28,18 +31,21 @@ impl Dialect {
         let Some(obj) = body.as_object() else {
             return Dialect::Synkronus;
         };
-        let first = obj.get("records").and_then(Value::as_array).and_then(|r| r.first());
-        Self::detect_parts(obj, first)
+        let first_is_spec = obj
+            .get("records")
+            .and_then(Value::as_array)
+            .and_then(|r| r.first())
+            .and_then(Value::as_object)
+            .is_some_and(|r| r.contains_key("id") && r.contains_key("schema_type"));
+        Self::detect_parts(obj, first_is_spec)
     }
 
-    /// Detection from a body's top-level fields and the first element of its `records` array.
-    pub fn detect_parts(obj: &Map<String, Value>, first_record: Option<&Value>) -> Dialect {
+    /// Detection from a body's top-level fields and whether the first element of its `records`
+    /// array is an object with both `id` and `schema_type`.
+    pub fn detect_parts(obj: &Map<String, Value>, first_is_spec: bool) -> Dialect {
         if obj.contains_key("since_change_id") {
             return Dialect::Spec;
         }
-        let first_is_spec = first_record
-            .and_then(Value::as_object)
-            .is_some_and(|r| r.contains_key("id") && r.contains_key("schema_type"));
         if first_is_spec {
             return Dialect::Spec;
         }
@@ -72,7 +78,8 @@ pub struct IncomingRecord {
     pub deleted: bool,
     pub created_at: Option<DateTime<Utc>>,
     pub updated_at: Option<DateTime<Utc>>,
-    pub geolocation: Option<Value>,
+    /// Compact JSON text (keys sorted), like `data`.
+    pub geolocation: Option<Box<RawValue>>,
     pub base_version: Option<i64>,
     pub author: Option<String>,
     pub device_id: Option<String>,
@@ -100,17 +107,94 @@ impl PushRequest {
     /// SHA-256 of the canonical JSON of the decoded records: the same content in another dialect,
     /// key order or spacing is the same payload (docs/api.md §8.6).
     pub fn fingerprint(&self) -> Vec<u8> {
-        let mut hasher = HashWriter(Sha256::new());
-        let canonical: Vec<CanonicalRecord> = self.records.iter().map(CanonicalRecord::from).collect();
-        // Writing into a hasher cannot fail; an error would only come from a Serialize impl.
-        let _ = serde_json::to_writer(&mut hasher, &canonical);
-        hasher.0.finalize().to_vec()
+        // The JSON array of the canonical records, each written to a buffer and hashed in one
+        // piece.
+        let mut hasher = Sha256::new();
+        let mut record = String::new();
+        hasher.update(b"[");
+        for (i, r) in self.records.iter().enumerate() {
+            if i > 0 {
+                hasher.update(b",");
+            }
+            record.clear();
+            write_canonical_record(&mut record, r);
+            hasher.update(record.as_bytes());
+        }
+        hasher.update(b"]");
+        hasher.finalize().to_vec()
     }
 }
 
-/// The canonical JSON of a record: its fields in alphabetical order (as the first releases
-/// hashed them through a sorted map, so stored fingerprints stay valid), written straight into
-/// the hasher without building a copy of the records.
+/// The canonical JSON of a record: its fields in alphabetical order, as the first releases hashed
+/// them through a sorted map (so stored fingerprints stay valid), written by hand byte for byte
+/// as serde_json writes [`CanonicalRecord`]: serde's calls and chrono's formatter cost more than
+/// the hashing.
+fn write_canonical_record(out: &mut String, r: &IncomingRecord) {
+    fn text(out: &mut String, value: Option<&str>) {
+        match value {
+            Some(s) => canonical::write_escaped(out, s),
+            None => out.push_str("null"),
+        }
+    }
+    fn time(out: &mut String, value: Option<DateTime<Utc>>) {
+        match value {
+            Some(t) => {
+                out.push('"');
+                crate::domain::time::write_serde_form(out, t);
+                out.push('"');
+            }
+            None => out.push_str("null"),
+        }
+    }
+    fn json(out: &mut String, value: Option<&RawValue>) {
+        out.push_str(value.map_or("null", RawValue::get));
+    }
+    out.push_str("{\"author\":");
+    text(out, r.author.as_deref());
+    out.push_str(",\"base_version\":");
+    match r.base_version {
+        // Writing into a String cannot fail.
+        Some(v) => {
+            let _ = write!(out, "{v}");
+        }
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"created_at\":");
+    time(out, r.created_at);
+    out.push_str(",\"data\":");
+    json(out, r.data.as_deref());
+    out.push_str(if r.deleted { ",\"deleted\":true" } else { ",\"deleted\":false" });
+    out.push_str(",\"device_id\":");
+    text(out, r.device_id.as_deref());
+    out.push_str(",\"form_type\":");
+    canonical::write_escaped(out, &r.form_type);
+    out.push_str(",\"form_version\":");
+    canonical::write_escaped(out, &r.form_version);
+    out.push_str(",\"geolocation\":");
+    json(out, r.geolocation.as_deref());
+    out.push_str(",\"id\":");
+    canonical::write_escaped(out, &r.id);
+    out.push_str(",\"tags\":");
+    match &r.tags {
+        Some(tags) => {
+            out.push('[');
+            for (i, tag) in tags.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical::write_escaped(out, tag);
+            }
+            out.push(']');
+        }
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"updated_at\":");
+    time(out, r.updated_at);
+    out.push('}');
+}
+
+/// What [`write_canonical_record`] writes, as serde_json writes it: the reference of its tests.
+#[cfg(test)]
 #[derive(Serialize)]
 struct CanonicalRecord<'a> {
     author: &'a Option<String>,
@@ -121,12 +205,13 @@ struct CanonicalRecord<'a> {
     device_id: &'a Option<String>,
     form_type: &'a str,
     form_version: &'a str,
-    geolocation: &'a Option<Value>,
+    geolocation: &'a Option<Box<RawValue>>,
     id: &'a str,
     tags: &'a Option<Vec<String>>,
     updated_at: Option<DateTime<Utc>>,
 }
 
+#[cfg(test)]
 impl<'a> From<&'a IncomingRecord> for CanonicalRecord<'a> {
     fn from(r: &'a IncomingRecord) -> Self {
         CanonicalRecord {
@@ -143,19 +228,6 @@ impl<'a> From<&'a IncomingRecord> for CanonicalRecord<'a> {
             tags: &r.tags,
             updated_at: r.updated_at,
         }
-    }
-}
-
-struct HashWriter(Sha256);
-
-impl std::io::Write for HashWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
@@ -304,6 +376,7 @@ pub struct PullCursor {
 mod tests {
     use super::decode::decode_push;
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     /// The fingerprint as the first releases computed it: the records through a sorted map.
@@ -335,6 +408,69 @@ mod tests {
         for body in bodies {
             let push = decode_push(&body).expect("valid push");
             assert_eq!(push.fingerprint(), fingerprint_through_sorted_map(&push), "{body}");
+        }
+    }
+
+    fn arb_text() -> impl Strategy<Value = String> {
+        prop_oneof![any::<String>(), "[a-z0-9\\-]{0,12}", "[\\x00-\\x1f\"\\\\/]{0,6}"]
+    }
+
+    fn arb_time() -> impl Strategy<Value = Option<DateTime<Utc>>> {
+        proptest::option::of((-70_000_000_000i64..260_000_000_000, 0u32..2_000_000_000).prop_filter_map(
+            "a valid time",
+            |(secs, nanos)| {
+                chrono::TimeZone::timestamp_opt(&Utc, secs, nanos % 1_000_000_000 / 1000 * 1000).single()
+            },
+        ))
+    }
+
+    fn arb_json() -> impl Strategy<Value = Option<Box<RawValue>>> {
+        proptest::option::of(
+            crate::testing::json_value().prop_map(|v| {
+                serde_json::value::to_raw_value(&v).unwrap_or_else(|_| RawValue::NULL.to_owned())
+            }),
+        )
+    }
+
+    fn arb_record() -> impl Strategy<Value = IncomingRecord> {
+        (
+            (arb_text(), arb_text(), arb_text(), arb_json(), any::<bool>(), arb_time()),
+            (arb_time(), arb_json(), proptest::option::of(any::<i64>())),
+            (proptest::option::of(arb_text()), proptest::option::of(arb_text())),
+            proptest::option::of(proptest::collection::vec(arb_text(), 0..4)),
+        )
+            .prop_map(
+                |(
+                    (id, form_type, form_version, data, deleted, created_at),
+                    (updated_at, geolocation, base_version),
+                    (author, device_id),
+                    tags,
+                )| IncomingRecord {
+                    id,
+                    form_type,
+                    form_version,
+                    data,
+                    deleted,
+                    created_at,
+                    updated_at,
+                    geolocation,
+                    base_version,
+                    author,
+                    device_id,
+                    tags,
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(crate::testing::config(512))]
+
+        /// The hand-written canonical record is serde_json's, byte for byte.
+        #[test]
+        fn canonical_records_are_written_as_serde_json_writes_them(r in arb_record()) {
+            let mut out = String::new();
+            write_canonical_record(&mut out, &r);
+            prop_assert_eq!(out, serde_json::to_string(&CanonicalRecord::from(&r)).unwrap_or_default());
         }
     }
 }
