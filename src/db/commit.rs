@@ -17,8 +17,7 @@ use crate::db::{stats, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
 use crate::monitoring::CommitPhases;
 
-const STATES_SQL: &str =
-    "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data END
+const STATES_SQL: &str = "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data END
      FROM records WHERE id = ANY($1)";
 
 const TRANSMISSIONS_SQL: &str = "SELECT t.client_id, t.transmission_id, t.fingerprint, t.result

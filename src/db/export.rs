@@ -15,8 +15,7 @@ const FILTER: &str = "(cardinality($1::text[]) = 0 OR form_type = ANY($1::text[]
      AND change_id > $2 AND change_id <= $3 AND ($4 OR NOT deleted)";
 
 /// `data` as its stored text: the writers use it as it is when it is canonical.
-const ROW_COLUMNS: &str =
-    "id, form_type, form_version, data, deleted, created_at, updated_at, synced_at, \
+const ROW_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_at, updated_at, synced_at, \
      geolocation, author, device_id, tags, change_id";
 
 /// Starts the export's snapshot on `tx` (which must have been opened REPEATABLE READ READ ONLY)

@@ -294,8 +294,10 @@ async fn a_backup_during_a_push_storm_restores_one_moment() {
     let archive_arg = archive.to_str().expect("utf-8 path");
     assert_ok(&synkronus(&["restore", "--input", archive_arg], &target, root.path()).await);
     let db = connect(&target).await;
-    let rows =
-        db.query("SELECT data::json->>'batch', count(*) FROM records GROUP BY 1", &[]).await.expect("batches");
+    let rows = db
+        .query("SELECT data::json->>'batch', count(*) FROM records GROUP BY 1", &[])
+        .await
+        .expect("batches");
     let batches: BTreeMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     for (batch, count) in &batches {
         assert_eq!(*count, RECORDS as i64, "push {batch} is half there");
