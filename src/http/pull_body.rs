@@ -139,7 +139,10 @@ impl PageStart {
         };
         let mut packed = stream.push(&self.buf)?;
         self.buf.clear();
-        if let (true, Some(stream)) = (last, gzip.take()) {
+        if !last {
+            return Ok(packed);
+        }
+        if let Some(stream) = gzip.take() {
             let rest = stream.finish()?;
             packed = if packed.is_empty() { rest } else { [packed, rest].concat().into() };
         }
