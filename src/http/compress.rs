@@ -25,7 +25,7 @@ pub const MIN_BYTES: usize = 1024;
 /// Whether the request names gzip as acceptable, honouring q-values (`gzip;q=0` refuses it, and an
 /// `identity` ranked above gzip keeps the body plain). `*` alone does not count: a client that
 /// never named an encoding gets what it got before compression existed.
-fn wants_gzip(req: &HttpRequest) -> bool {
+pub fn wants_gzip(req: &HttpRequest) -> bool {
     let Ok(accept) = AcceptEncoding::parse(req) else {
         return false;
     };
@@ -72,18 +72,15 @@ pub fn negotiated(req: &HttpRequest, mut res: HttpResponse) -> HttpResponse {
 }
 
 /// For a `200 application/json` body of at least [`MIN_BYTES`] that is sent as it is made (a pull
-/// page, docs/api.md §8.2): the headers [`negotiated`] would have set on it whole, and whether to
-/// compress it with a [`GzipStream`].
-pub fn streamed(req: &HttpRequest, res: &mut HttpResponseBuilder) -> bool {
-    if !req.headers().contains_key(header::ACCEPT_ENCODING) {
-        return false;
+/// page, docs/api.md §8.2), compressed with a [`GzipStream`] when `gzip` ([`wants_gzip`]): the
+/// headers [`negotiated`] would have set on it whole.
+pub fn streamed(req: &HttpRequest, res: &mut HttpResponseBuilder, gzip: bool) {
+    if req.headers().contains_key(header::ACCEPT_ENCODING) {
+        res.append_header((header::VARY, HeaderValue::from_static("accept-encoding")));
     }
-    res.append_header((header::VARY, HeaderValue::from_static("accept-encoding")));
-    let gzip = wants_gzip(req);
     if gzip {
         res.insert_header((header::CONTENT_ENCODING, HeaderValue::from_static("gzip")));
     }
-    gzip
 }
 
 /// gzip of a body that is sent in pieces as it is made: the same level and the same decoded

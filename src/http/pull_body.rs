@@ -3,10 +3,11 @@
 //! the server and the client work on one page at the same time instead of in turn. A page that
 //! fits in one chunk is sent whole, with its length, as before.
 //!
-//! The rows are read on a task of their own, as fast as PostgreSQL sends them, not as fast as the
-//! client takes the chunks: a slow client must not hold a database connection (and its snapshot)
-//! for the length of its download. What waits for the client is at most the page itself, which is
-//! what the whole-page encoder held as well.
+//! The page is read by a task of its own, spawned beside the connection's driver (see
+//! `db::drivers`), as fast as PostgreSQL sends the rows rather than as fast as the client takes
+//! the chunks: a slow client must not hold a database connection (and its snapshot) for the
+//! length of its download. What waits for the client is at most the page itself, which is what
+//! the whole-page encoder held as well.
 
 use std::future::poll_fn;
 use std::io;
@@ -14,13 +15,14 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
+use deadpool_postgres::Object;
 use futures_util::{Stream, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::db::records::{pulled_record, Head, PageRows};
-use crate::db::DbResult;
+use crate::db::records::{self, pulled_record, Head, PageRows};
+use crate::db::{DbError, DbResult};
 use crate::domain::sync::page::PageWriter;
-use crate::domain::sync::{Dialect, PullRequest};
+use crate::domain::sync::PullRequest;
 use crate::http::compress::GzipStream;
 
 /// JSON bytes gathered into one chunk: actix writes to the socket once it holds 32 KiB.
@@ -31,46 +33,82 @@ const EARLY: usize = 8 * 1024;
 /// A piece of the body, and whether it is the last one.
 type Piece = Result<(Bytes, bool), io::Error>;
 
-/// A page whose first rows have been read: up to a chunk of it, or all of it.
+/// A page whose first chunk is ready: the head it was read at, and how it is to be sent.
 pub struct PageStart {
-    rows: PageRows,
-    /// `None` once the page is complete.
-    writer: Option<PageWriter>,
-    dialect: Dialect,
-    buf: Vec<u8>,
+    pub head: Head,
+    pub body: StartedBody,
 }
 
-impl PageStart {
-    /// Writes the page's opening and its rows until a chunk is full or the page is complete.
-    pub async fn read(rows: PageRows, pull: &PullRequest) -> DbResult<PageStart> {
+pub enum StartedBody {
+    /// The whole page, which fitted in one chunk, and its number of records.
+    Whole(Vec<u8>, usize),
+    /// A larger page, chunk by chunk (gzipped if asked), the first one ready.
+    Streamed(PageBody),
+}
+
+/// Starts reading the page `pull` asks for on `db` and waits for its first chunk. A failure until
+/// then is returned (and answered as any error); after it, it breaks the streamed body.
+/// `span` is the request's, for the log line of such a failure.
+pub async fn start(db: Object, pull: PullRequest, gzip: bool, span: tracing::Span) -> DbResult<PageStart> {
+    let (started, start) = oneshot::channel();
+    crate::db::drivers::spawn_beside(db, move |db| read(db, pull, gzip, span, started));
+    start.await.map_err(|_| DbError::other("the page reader stopped before the first chunk"))?
+}
+
+/// The page task: the first chunk, then the rest into the body's channel.
+async fn read(
+    db: Object,
+    pull: PullRequest,
+    gzip: bool,
+    span: tracing::Span,
+    started: oneshot::Sender<DbResult<PageStart>>,
+) {
+    let first = async {
+        let rows = records::pull_page(db, pull.after, &pull.types, pull.limit).await?;
         let Head { change_id: head, repository_generation } = rows.head;
         let writer =
             PageWriter::new(pull.dialect, head, repository_generation, pull.limit, pull.types.clone());
         let mut buf = Vec::with_capacity(CHUNK + CHUNK / 4);
         writer.open(&mut buf);
-        let mut page = PageStart { rows, writer: Some(writer), dialect: pull.dialect, buf };
+        let mut page =
+            Page { rows, writer: Some(writer), records: 0, buf, gzip: gzip.then(GzipStream::default) };
         poll_fn(|cx| page.fill(cx, CHUNK)).await?;
-        Ok(page)
+        Ok::<_, DbError>(page)
+    };
+    let mut page = match first.await {
+        Ok(page) => page,
+        Err(e) => return drop(started.send(Err(e))),
+    };
+    let head = page.rows.head;
+    if page.writer.is_none() {
+        let body = StartedBody::Whole(std::mem::take(&mut page.buf), page.records);
+        return drop(started.send(Ok(PageStart { head, body })));
     }
-
-    /// The snapshot head and the repository generation the page is read in.
-    pub fn head(&self) -> Head {
-        self.rows.head
+    let chunk = match page.take_chunk(false) {
+        Ok(chunk) => chunk,
+        Err(e) => return drop(started.send(Err(DbError::other(e)))),
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(Ok((chunk, false)));
+    let body = StartedBody::Streamed(PageBody { rx, complete: false });
+    // Nobody waits for the page any more: another generation (409), a replica behind the cursor.
+    if started.send(Ok(PageStart { head, body })).is_err() {
+        return;
     }
+    page.rest(tx, pull, span).await;
+}
 
-    /// The whole page, when it fitted in the first chunk.
-    pub fn take_whole(&mut self) -> Option<Vec<u8>> {
-        self.writer.is_none().then(|| std::mem::take(&mut self.buf))
-    }
+/// The page being read.
+struct Page {
+    rows: PageRows,
+    /// `None` once the page is complete.
+    writer: Option<PageWriter>,
+    records: usize,
+    buf: Vec<u8>,
+    gzip: Option<GzipStream>,
+}
 
-    /// The response body of a page larger than a chunk, gzipped when `gzip`; the rest of the page
-    /// is read on a task of this worker. `span` is the request's, for the log line of a failure.
-    pub fn into_body(self, gzip: bool, span: tracing::Span) -> PageBody {
-        let (tx, rx) = mpsc::unbounded_channel();
-        actix_web::rt::spawn(self.produce(gzip.then(GzipStream::default), tx, span));
-        PageBody { rx, complete: false }
-    }
-
+impl Page {
     /// Writes rows until `buf` holds `until` bytes or the page is complete (`Ready`), or until the
     /// next row has not arrived yet (`Pending`).
     fn fill(&mut self, cx: &mut Context<'_>, until: usize) -> Poll<DbResult<()>> {
@@ -79,7 +117,7 @@ impl PageStart {
             match self.rows.poll_next_unpin(cx) {
                 Poll::Ready(Some(row)) => writer.record(&mut self.buf, &pulled_record(&row?)?),
                 Poll::Ready(None) => {
-                    crate::monitoring::records_pulled(self.dialect, writer.records());
+                    self.records = writer.records();
                     if let Some(writer) = self.writer.take() {
                         writer.close(&mut self.buf);
                     }
@@ -92,12 +130,7 @@ impl PageStart {
 
     /// Reads the rest of the page into chunks, sent to the body as they fill up; a failure ends
     /// the body with an error, which makes actix drop the connection.
-    async fn produce(
-        mut self,
-        mut gzip: Option<GzipStream>,
-        tx: mpsc::UnboundedSender<Piece>,
-        span: tracing::Span,
-    ) {
+    async fn rest(mut self, tx: mpsc::UnboundedSender<Piece>, pull: PullRequest, span: tracing::Span) {
         loop {
             let filled = poll_fn(|cx| match self.fill(cx, CHUNK) {
                 Poll::Pending if self.buf.len() >= EARLY => Poll::Ready(Ok(())),
@@ -106,7 +139,7 @@ impl PageStart {
             .await;
             let last = self.writer.is_none();
             let chunk = match filled {
-                Ok(()) => self.take_chunk(&mut gzip, last),
+                Ok(()) => self.take_chunk(last),
                 Err(e) => Err(io::Error::other(e)),
             };
             match chunk {
@@ -127,23 +160,24 @@ impl PageStart {
                 }
             }
             if last {
+                crate::monitoring::records_pulled(pull.dialect, self.records);
                 return;
             }
         }
     }
 
-    /// What `buf` holds, as the next chunk of the body (gzipped when `gzip` is set).
-    fn take_chunk(&mut self, gzip: &mut Option<GzipStream>, last: bool) -> io::Result<Bytes> {
-        let Some(stream) = gzip else {
+    /// What `buf` holds, as the next chunk of the body (gzipped when asked).
+    fn take_chunk(&mut self, last: bool) -> io::Result<Bytes> {
+        let Some(gzip) = self.gzip.as_mut() else {
             return Ok(Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK + CHUNK / 4))));
         };
-        let mut packed = stream.push(&self.buf)?;
+        let mut packed = gzip.push(&self.buf)?;
         self.buf.clear();
         if !last {
             return Ok(packed);
         }
-        if let Some(stream) = gzip.take() {
-            let rest = stream.finish()?;
+        if let Some(gzip) = self.gzip.take() {
+            let rest = gzip.finish()?;
             packed = if packed.is_empty() { rest } else { [packed, rest].concat().into() };
         }
         Ok(packed)
@@ -171,7 +205,7 @@ impl Stream for PageBody {
                 }
                 Some(Err(e)) => Poll::Ready(Some(Err(e))),
                 None if self.complete => Poll::Ready(None),
-                // The task ended without the page's last piece (the worker is stopping): the body
+                // The task ended without the page's last piece (its runtime is stopping): the body
                 // must not end like a complete one.
                 None => Poll::Ready(Some(Err(io::Error::other("the pull page was cut short")))),
             };

@@ -19,7 +19,7 @@ use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
 use crate::http::compress::{self, negotiated};
 use crate::http::context::{served_by, X_API_VERSION_USED, X_SERVED_BY};
 use crate::http::extract::{api_version, malformed_json, parse_json_as, state, Auth, BodyBytes, JsonBody};
-use crate::http::pull_body::PageStart;
+use crate::http::pull_body::{self, PageStart, StartedBody};
 use crate::state::AppState;
 
 static X_IDEMPOTENT_REPLAY: HeaderName = HeaderName::from_static("x-idempotent-replay");
@@ -191,27 +191,25 @@ async fn pull_page(
     st: &AppState,
     pull: &PullRequest,
     client_generation: Option<i64>,
+    gzip: bool,
 ) -> ApiResult<(PageStart, Target)> {
-    let (after, types, limit) = (pull.after, &pull.types, pull.limit);
     // A replica still showing an older generation than the client's is behind, not a reason to
     // tell the client to reset.
     let position = |page: &PageStart| {
-        let head = page.head();
-        if client_generation.is_some_and(|g| g > head.repository_generation) {
+        if client_generation.is_some_and(|g| g > page.head.repository_generation) {
             -1
         } else {
-            head.change_id
+            page.head.change_id
         }
     };
+    let span = tracing::Span::current();
     let served = st
         .reads
-        .read(Some(after), position, move |db| {
-            Box::pin(async move {
-                PageStart::read(records::pull_page(db, after, types, limit).await?, pull).await
-            })
+        .read(Some(pull.after), position, move |db| {
+            Box::pin(pull_body::start(db, pull.clone(), gzip, span.clone()))
         })
         .await?;
-    let generation = served.value.head().repository_generation;
+    let generation = served.value.head.repository_generation;
     if client_generation.is_some_and(|g| g != generation) {
         return Err(reset_required(generation));
     }
@@ -219,23 +217,29 @@ async fn pull_page(
 }
 
 /// The page whole when it fitted in one chunk (gzipped as any JSON answer); else streamed,
-/// chunk by chunk, gzipped on the way when the client accepts it.
+/// chunk by chunk, gzipped on the way when the client accepts it (`gzip`).
 fn pull_response(
     req: &HttpRequest,
     st: &AppState,
     username: &str,
     pull: &PullRequest,
-    (mut page, by): (PageStart, Target),
+    gzip: bool,
+    (page, by): (PageStart, Target),
 ) -> HttpResponse {
     report_sync(req, st, username, &pull.client_id, Some(pull.after));
-    let generation = page.head().repository_generation;
-    if let Some(body) = page.take_whole() {
-        return negotiated(req, served_by(dialect_response(pull.dialect, body, generation), by));
+    let generation = page.head.repository_generation;
+    match page.body {
+        StartedBody::Whole(body, records) => {
+            crate::monitoring::records_pulled(pull.dialect, records);
+            negotiated(req, served_by(dialect_response(pull.dialect, body, generation), by))
+        }
+        StartedBody::Streamed(body) => {
+            let mut res = dialect_builder(pull.dialect, generation);
+            res.insert_header((X_SERVED_BY.clone(), by.as_str()));
+            compress::streamed(req, &mut res, gzip);
+            res.streaming(body)
+        }
     }
-    let mut res = dialect_builder(pull.dialect, generation);
-    res.insert_header((X_SERVED_BY.clone(), by.as_str()));
-    let gzip = compress::streamed(req, &mut res);
-    res.streaming(page.into_body(gzip, tracing::Span::current()))
 }
 
 /// Pull a page of changes (dialect from the body)
@@ -257,8 +261,9 @@ pub async fn pull(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
         schema_types: pairs.iter().filter(|(k, _)| k == "schemaType").map(|(_, v)| v.clone()).collect(),
     };
     let pull = decode_pull(&body, &query)?;
-    let page = pull_page(st, &pull, client_generation(&req, &body)).await?;
-    Ok(pull_response(&req, st, &caller.username, &pull, page))
+    let gzip = compress::wants_gzip(&req);
+    let page = pull_page(st, &pull, client_generation(&req, &body), gzip).await?;
+    Ok(pull_response(&req, st, &caller.username, &pull, gzip, page))
 }
 
 /// Pull a page of changes (spec shape, or synkronus with x-api-version 1.0.x)
@@ -279,8 +284,9 @@ pub async fn pull_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
         ApiVersion::V1_1 => Dialect::Spec,
     };
     let pull = decode_pull_query(&query_pairs(&req), dialect)?;
-    let page = pull_page(st, &pull, client_generation(&req, &Value::Null)).await?;
-    Ok(pull_response(&req, st, &caller.username, &pull, page))
+    let gzip = compress::wants_gzip(&req);
+    let page = pull_page(st, &pull, client_generation(&req, &Value::Null), gzip).await?;
+    Ok(pull_response(&req, st, &caller.username, &pull, gzip, page))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
