@@ -25,10 +25,11 @@ use crate::domain::sync::page::PageWriter;
 use crate::domain::sync::PullRequest;
 use crate::http::compress::GzipStream;
 
-/// JSON bytes gathered into one chunk: actix writes to the socket once it holds 32 KiB.
-const CHUNK: usize = 32 * 1024;
-/// While the next rows are on their way, what is ready goes out if there is at least this much.
-const EARLY: usize = 8 * 1024;
+/// JSON bytes gathered into one chunk (the last record may go a little over). Each chunk is one
+/// hand-over to the HTTP worker and one write to the socket, and each write one wake-up of the
+/// client: 32 KiB chunks, or sending what was ready whenever rows were late, cost the client
+/// (on the same two cores) about twice the CPU of 128 KiB ones (BENCHMARKS.md, "Pull pages streamed").
+const CHUNK: usize = 128 * 1024;
 
 /// A piece of the body, and whether it is the last one.
 type Piece = Result<(Bytes, bool), io::Error>;
@@ -68,7 +69,7 @@ async fn read(
         let Head { change_id: head, repository_generation } = rows.head;
         let writer =
             PageWriter::new(pull.dialect, head, repository_generation, pull.limit, pull.types.clone());
-        let mut buf = Vec::with_capacity(CHUNK + CHUNK / 4);
+        let mut buf = Vec::with_capacity(CHUNK + CHUNK / 8);
         writer.open(&mut buf);
         let mut page =
             Page { rows, writer: Some(writer), records: 0, buf, gzip: gzip.then(GzipStream::default) };
@@ -132,11 +133,7 @@ impl Page {
     /// the body with an error, which makes actix drop the connection.
     async fn rest(mut self, tx: mpsc::UnboundedSender<Piece>, pull: PullRequest, span: tracing::Span) {
         loop {
-            let filled = poll_fn(|cx| match self.fill(cx, CHUNK) {
-                Poll::Pending if self.buf.len() >= EARLY => Poll::Ready(Ok(())),
-                other => other,
-            })
-            .await;
+            let filled = poll_fn(|cx| self.fill(cx, CHUNK)).await;
             let last = self.writer.is_none();
             let chunk = match filled {
                 Ok(()) => self.take_chunk(last),
@@ -169,7 +166,7 @@ impl Page {
     /// What `buf` holds, as the next chunk of the body (gzipped when asked).
     fn take_chunk(&mut self, last: bool) -> io::Result<Bytes> {
         let Some(gzip) = self.gzip.as_mut() else {
-            return Ok(Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK + CHUNK / 4))));
+            return Ok(Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK + CHUNK / 8))));
         };
         let mut packed = gzip.push(&self.buf)?;
         self.buf.clear();

@@ -87,7 +87,7 @@ async fn pull_pages_are_gzipped_when_asked_and_decode_to_the_plain_page() {
             }
             // A pull page larger than one chunk is gzipped as it is streamed (docs/api.md §8.2).
             None => assert!(
-                path.contains("/sync/pull") && plain.len() > 32 * 1024,
+                path.contains("/sync/pull") && plain.len() > 128 * 1024,
                 "{path}: {} bytes",
                 plain.len()
             ),
