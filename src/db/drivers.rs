@@ -57,3 +57,28 @@ where
         None => drop(tokio::spawn(job(db))),
     }
 }
+
+/// Whether `db`'s connection is driven by the current thread.
+fn is_local(db: &Object) -> bool {
+    DRIVERS.get(&key(&db.statement_cache)).is_some_and(|d| d.thread == std::thread::current().id())
+}
+
+/// A connection from `pool`, preferably one driven by the current thread. Every idle connection
+/// is looked at (taking one does no I/O: the pool only checks that it is open); when none is this
+/// thread's and the pool has room, the next one is opened here, and is found the next time. The
+/// others go back to the pool.
+pub async fn get_near(pool: &deadpool_postgres::Pool) -> Result<Object, deadpool_postgres::PoolError> {
+    let first = pool.get().await?;
+    if is_local(&first) {
+        return Ok(first);
+    }
+    let no_wait = deadpool_postgres::Timeouts { wait: Some(std::time::Duration::ZERO), ..pool.timeouts() };
+    let mut others = Vec::new();
+    while let Ok(next) = pool.timeout_get(&no_wait).await {
+        if is_local(&next) {
+            return Ok(next);
+        }
+        others.push(next);
+    }
+    Ok(first)
+}
