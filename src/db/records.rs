@@ -7,12 +7,13 @@ use std::task::{Context, Poll};
 use deadpool_postgres::{GenericClient, Object};
 use futures_util::{Stream, StreamExt};
 use serde_json::value::RawValue;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{Row, RowStream};
 
 use crate::db::{stats, DbError, DbResult};
 use crate::domain::sync::page::PulledRecord;
 use crate::domain::sync::StoredRecord;
+use crate::domain::time::UnixMicros;
 
 /// The columns a record's current state is written with by binary `COPY` (a push's new records
 /// and the Go import), in order, with their wire types: one list, so the two writers cannot drift.
@@ -152,15 +153,34 @@ pub fn pulled_record(row: &Row) -> DbResult<PulledRecord<'_>> {
         form_version: row.try_get(4)?,
         data: row.try_get(5)?,
         deleted: row.try_get(6)?,
-        created_at: row.try_get(7)?,
-        updated_at: row.try_get(8)?,
-        synced_at: row.try_get(9)?,
+        created_at: row.try_get::<_, Option<DbTime>>(7)?.map(|t| t.0),
+        updated_at: row.try_get::<_, Option<DbTime>>(8)?.map(|t| t.0),
+        synced_at: row.try_get::<_, DbTime>(9)?.0,
         geolocation: row.try_get(10)?,
         author: row.try_get(11)?,
         device_id: row.try_get(12)?,
         tags: row.try_get(13)?,
         change_id: row.try_get(14)?,
     })
+}
+
+/// A `timestamptz` as the page writer takes it. PostgreSQL sends microseconds since 2000-01-01;
+/// values that `DateTime<Utc>` cannot hold are refused, as when the row was read as one.
+struct DbTime(UnixMicros);
+
+/// 2000-01-01T00:00:00Z in microseconds since 1970-01-01T00:00:00Z.
+const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+impl<'a> FromSql<'a> for DbTime {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let since_2000 = i64::from_be_bytes(raw.try_into().map_err(|_| "invalid message length")?);
+        let micros = since_2000.checked_add(POSTGRES_EPOCH_MICROS).and_then(UnixMicros::new);
+        micros.map(DbTime).ok_or_else(|| "value too large to decode".into())
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TIMESTAMPTZ
+    }
 }
 
 /// The change-log head and the repository generation, read together.

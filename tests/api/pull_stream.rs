@@ -77,6 +77,17 @@ async fn pages_larger_than_a_chunk_are_streamed_in_every_dialect_and_hold_what_s
     push(&app, &admin, "t2", (300..420).map(|i| record(i, 40 + i % 7 * 300)).collect()).await;
     let (small_pages, head) = app.pull_all(&admin, "dev-small", 0, 7).await;
     assert_eq!(small_pages.len(), 420);
+    // The listing builds each Observation through serde from a fully decoded record: the pulled
+    // ones, written from the rows' bytes, hold the same fields and values.
+    let (status, listed) = app.call(Method::GET, "/api/v1/observations?limit=500", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let listed = listed["observations"].as_array().unwrap();
+    assert_eq!(listed.len(), 420);
+    for (pulled, listed) in small_pages.iter().zip(listed) {
+        for (key, value) in pulled.as_object().unwrap() {
+            assert_eq!(&listed[key], value, "{key} of {}", pulled["observation_id"]);
+        }
+    }
 
     let pulls = [
         (

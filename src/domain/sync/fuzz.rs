@@ -8,6 +8,7 @@ use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push, P
 use crate::domain::sync::encode::push_response;
 use crate::domain::sync::page::{PageWriter, PulledRecord};
 use crate::domain::sync::{Dialect, PushResult};
+use crate::domain::time::UnixMicros;
 use crate::testing::*;
 
 /// A push body in each dialect's shape, with generated record fields, so decoding gets deep.
@@ -182,9 +183,9 @@ proptest! {
                 form_version: &r.form_version,
                 data,
                 deleted: r.deleted,
-                created_at: r.created_at,
-                updated_at: r.updated_at,
-                synced_at: chrono::Utc::now(),
+                created_at: r.created_at.map(UnixMicros::of),
+                updated_at: r.updated_at.map(UnixMicros::of),
+                synced_at: UnixMicros::of(chrono::Utc::now()),
                 geolocation: geolocation.as_deref(),
                 author: r.author.as_deref(),
                 device_id: r.device_id.as_deref(),

@@ -6,11 +6,9 @@
 //! with the first row: the bytes are those the serde structs of `encode` wrote for a whole page,
 //! key for key (the tests compare the two on arbitrary pages).
 
-use chrono::{DateTime, Utc};
-
 use super::{Dialect, PullCursor};
 use crate::domain::page_token::{self, TokenKind};
-use crate::domain::time::WireTime;
+use crate::domain::time::UnixMicros;
 
 /// One record of a pull page as its row holds it, borrowed: the JSON columns are the stored text.
 #[derive(Debug, Clone, Copy)]
@@ -25,9 +23,9 @@ pub struct PulledRecord<'a> {
     /// than the rest of the record's encoding and only guarded against hand-edited rows.
     pub data: &'a str,
     pub deleted: bool,
-    pub created_at: Option<DateTime<Utc>>,
-    pub updated_at: Option<DateTime<Utc>>,
-    pub synced_at: DateTime<Utc>,
+    pub created_at: Option<UnixMicros>,
+    pub updated_at: Option<UnixMicros>,
+    pub synced_at: UnixMicros,
     pub geolocation: Option<&'a str>,
     pub author: Option<&'a str>,
     pub device_id: Option<&'a str>,
@@ -257,10 +255,9 @@ fn put_bool(out: &mut Vec<u8>, b: bool) {
     out.extend_from_slice(if b { b"true" } else { b"false" });
 }
 
-fn put_time(out: &mut Vec<u8>, t: Option<DateTime<Utc>>) {
+fn put_time(out: &mut Vec<u8>, t: Option<UnixMicros>) {
     match t {
-        // Into a Vec, serialising a timestamp cannot fail.
-        Some(t) => drop(serde_json::to_writer(&mut *out, &WireTime(t))),
+        Some(t) => t.write_json(out),
         None => out.extend_from_slice(b"null"),
     }
 }

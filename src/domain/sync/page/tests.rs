@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::{PageWriter, PulledRecord};
 use crate::domain::sync::encode::reference::{pull_response, PullPage};
 use crate::domain::sync::{Dialect, StoredRecord};
+use crate::domain::time::UnixMicros;
 use crate::testing::{config, json_value, string};
 
 /// A record as its row holds it: the stored JSON texts, possibly with whitespace around them.
@@ -37,9 +38,9 @@ impl Row {
             form_version: &self.form_version,
             data: &self.data,
             deleted: self.deleted,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-            synced_at: self.synced_at,
+            created_at: self.created_at.map(UnixMicros::of),
+            updated_at: self.updated_at.map(UnixMicros::of),
+            synced_at: UnixMicros::of(self.synced_at),
             geolocation: self.geolocation.as_deref(),
             author: self.author.as_deref(),
             device_id: self.device_id.as_deref(),
