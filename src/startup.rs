@@ -174,6 +174,10 @@ impl Application {
                 .wrap(NormalizePath::new(TrailingSlash::Trim))
                 .wrap(from_fn(http::context::request_context))
         })
+        // A streamed answer (a pull page, an export) is written a chunk at a time; with Nagle's
+        // algorithm each chunk's last, short segment waited for the client's delayed ACK of the
+        // previous one: 40 ms per pull page on a kept-alive connection.
+        .tcp_nodelay(true)
         .listen(listener)?
         .shutdown_timeout(30)
         .run();

@@ -5,6 +5,7 @@ pub mod audit;
 pub mod backup;
 pub mod bundles;
 pub mod commit;
+pub mod drivers;
 pub mod embedded;
 pub mod error;
 pub mod export;
@@ -26,7 +27,7 @@ pub use error::{is_connection_error, is_unstorable_text, BoxError, Conflict, DbE
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 mod embedded_migrations {
     refinery::embed_migrations!("migrations");
@@ -65,6 +66,10 @@ pub fn create_pool(conn: &str, max_size: usize) -> anyhow::Result<Pool> {
         .wait_timeout(Some(Duration::from_secs(10)))
         .create_timeout(Some(Duration::from_secs(5)))
         .recycle_timeout(Some(Duration::from_secs(5)))
+        .post_create(Hook::sync_fn(|client, _| {
+            drivers::record(client);
+            Ok(())
+        }))
         .build()?;
     Ok(pool)
 }

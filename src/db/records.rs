@@ -1,13 +1,19 @@
 //! SQL for observations: pull pages, the change-log head, and read access. The group commit's
 //! writes are in `db::commit`.
 
-use deadpool_postgres::GenericClient;
-use serde_json::value::RawValue;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::Row;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use crate::db::{stats, DbResult};
+use deadpool_postgres::{GenericClient, Object};
+use futures_util::{Stream, StreamExt};
+use serde_json::value::RawValue;
+use tokio_postgres::types::{FromSql, ToSql, Type};
+use tokio_postgres::{Row, RowStream};
+
+use crate::db::{stats, DbError, DbResult};
+use crate::domain::sync::page::PulledRecord;
 use crate::domain::sync::StoredRecord;
+use crate::domain::time::UnixMicros;
 
 /// The columns a record's current state is written with by binary `COPY` (a push's new records
 /// and the Go import), in order, with their wire types: one list, so the two writers cannot drift.
@@ -86,14 +92,32 @@ fn record_from_row(row: &Row, offset: usize) -> StoredRecord {
     }
 }
 
-/// One pull page: the snapshot head S, the repository generation, and up to `limit + 1` records
-/// with `after < change_id <= S`, read by one statement so all come from one snapshot (docs/api.md §8.2).
-pub async fn pull_page(
-    db: &impl GenericClient,
-    after: i64,
-    types: &[String],
-    limit: i64,
-) -> DbResult<(Head, Vec<StoredRecord>)> {
+/// One pull page as PostgreSQL sends it: the snapshot head S and the repository generation came
+/// with the first row, the records (up to `limit + 1`, with `after < change_id <= S`, all from that
+/// one snapshot: docs/api.md §8.2) follow as they arrive.
+pub struct PageRows {
+    pub head: Head,
+    /// The first record's row, until it is taken; `None` for an empty page.
+    first: Option<Row>,
+    rest: Pin<Box<RowStream>>,
+    /// Held until the page is dropped, so the connection is not lent out while rows still arrive.
+    _db: Object,
+}
+
+impl Stream for PageRows {
+    type Item = DbResult<Row>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(row) = self.first.take() {
+            return Poll::Ready(Some(Ok(row)));
+        }
+        self.rest.as_mut().poll_next(cx).map(|next| next.map(|row| row.map_err(DbError::from)))
+    }
+}
+
+/// Starts reading the page after `after` (see [`PageRows`]) and waits for its first row, which
+/// carries the head.
+pub async fn pull_page(db: Object, after: i64, types: &[String], limit: i64) -> DbResult<PageRows> {
     // With a type filter, each type is read in change_id order from (form_type, change_id) and
     // the short lists are merged. Written as `form_type = ANY(...)`, the planner picks a bitmap
     // scan of every matching row plus a sort whenever its statistics lag behind a burst of
@@ -125,21 +149,57 @@ pub async fn pull_page(
     distinct_types.dedup();
     // Devices pull page after page: the statement is prepared once per connection.
     let statement = db.prepare_cached(&sql).await?;
-    let rows = if distinct_types.is_empty() {
-        db.query(&statement, &[&after, &(limit + 1)]).await?
+    let limit = limit + 1;
+    let mut rest = Box::pin(if distinct_types.is_empty() {
+        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit]).await?
     } else {
-        db.query(&statement, &[&after, &(limit + 1), &distinct_types]).await?
+        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &distinct_types]).await?
+    });
+    // The LEFT JOIN gives exactly one row, its record columns NULL, when the page is empty.
+    let Some(first) = rest.next().await.transpose()? else {
+        return Err(DbError::Other("the page statement returned no row".into()));
     };
-    let head = rows
-        .first()
-        .map(|r| Head { change_id: r.get(0), repository_generation: r.get(1) })
-        .unwrap_or(Head { change_id: 0, repository_generation: 1 });
-    let records = rows
-        .iter()
-        .filter(|r| r.get::<_, Option<String>>(2).is_some())
-        .map(|r| record_from_row(r, 2))
-        .collect();
-    Ok((head, records))
+    let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
+    let first = first.try_get::<_, Option<&str>>(2)?.is_some().then_some(first);
+    Ok(PageRows { head, first, rest, _db: db })
+}
+
+/// A row of [`PageRows`] as the page writer takes it, borrowed from the row's bytes.
+pub fn pulled_record(row: &Row) -> DbResult<PulledRecord<'_>> {
+    Ok(PulledRecord {
+        id: row.try_get(2)?,
+        form_type: row.try_get(3)?,
+        form_version: row.try_get(4)?,
+        data: row.try_get(5)?,
+        deleted: row.try_get(6)?,
+        created_at: row.try_get::<_, Option<DbTime>>(7)?.map(|t| t.0),
+        updated_at: row.try_get::<_, Option<DbTime>>(8)?.map(|t| t.0),
+        synced_at: row.try_get::<_, DbTime>(9)?.0,
+        geolocation: row.try_get(10)?,
+        author: row.try_get(11)?,
+        device_id: row.try_get(12)?,
+        tags: row.try_get(13)?,
+        change_id: row.try_get(14)?,
+    })
+}
+
+/// A `timestamptz` as the page writer takes it. PostgreSQL sends microseconds since 2000-01-01;
+/// values that `DateTime<Utc>` cannot hold are refused, as when the row was read as one.
+struct DbTime(UnixMicros);
+
+/// 2000-01-01T00:00:00Z in microseconds since 1970-01-01T00:00:00Z.
+const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+impl<'a> FromSql<'a> for DbTime {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let since_2000 = i64::from_be_bytes(raw.try_into().map_err(|_| "invalid message length")?);
+        let micros = since_2000.checked_add(POSTGRES_EPOCH_MICROS).and_then(UnixMicros::new);
+        micros.map(DbTime).ok_or_else(|| "value too large to decode".into())
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TIMESTAMPTZ
+    }
 }
 
 /// The change-log head and the repository generation, read together.

@@ -233,7 +233,7 @@ impl ReadRouter {
         if let Some(value) = self.on_some_replica(lane, cursor, position, run).await {
             return Ok(Served { value, by: Target::Replica });
         }
-        let value = run(primary.get().await?).await?;
+        let value = run(connection(lane, primary).await?).await?;
         crate::monitoring::db_read(Target::Primary.as_str());
         Ok(Served { value, by: Target::Primary })
     }
@@ -262,7 +262,7 @@ impl ReadRouter {
         run: &impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> Option<T> {
         let replica = self.pick()?;
-        match self.on_replica(replica.pool(lane), cursor, position, run).await {
+        match self.on_replica(lane, replica.pool(lane), cursor, position, run).await {
             Ok(Some(value)) => {
                 crate::monitoring::db_read(Target::Replica.as_str());
                 Some(value)
@@ -285,13 +285,14 @@ impl ReadRouter {
     /// `Ok(None)`: the replica did not reach the cursor in time.
     async fn on_replica<'a, T>(
         &self,
+        lane: Lane,
         replica: &Pool,
         cursor: Option<i64>,
         position: &impl Fn(&T) -> i64,
         run: &impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> DbResult<Option<T>> {
         let deadline = Instant::now() + self.max_wait;
-        let value = run(replica.get().await?).await?;
+        let value = run(connection(lane, replica).await?).await?;
         let Some(cursor) = cursor else { return Ok(Some(value)) };
         if position(&value) >= cursor {
             return Ok(Some(value));
@@ -315,7 +316,7 @@ impl ReadRouter {
                 break;
             }
         }
-        let value = run(replica.get().await?).await?;
+        let value = run(connection(lane, replica).await?).await?;
         Ok((position(&value) >= target).then_some(value))
     }
 
@@ -342,6 +343,15 @@ impl ReadRouter {
             Err(_) => replica.mark_unreachable(),
         }
     }
+}
+
+/// A connection of `pool` for a read in `lane`. A request's is preferably one that its own thread
+/// drives (see `db::drivers`): a pull page's rows then reach its encoder without crossing threads.
+async fn connection(lane: Lane, pool: &Pool) -> DbResult<Object> {
+    Ok(match lane {
+        Lane::Requests => super::drivers::get_near(pool).await?,
+        Lane::Exports => pool.get().await?,
+    })
 }
 
 /// Probes every replica in the background: healthy ones every second, the others every 5 s.

@@ -34,6 +34,63 @@ impl serde::Serialize for WireTime {
     }
 }
 
+/// A timestamp as the database sends it, in microseconds since 1970-01-01T00:00:00Z, within the
+/// range of `DateTime<Utc>`. Pull pages write three per record straight from these, without the
+/// calendar arithmetic of building a `DateTime` first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnixMicros(i64);
+
+impl UnixMicros {
+    /// `None` outside the range of `DateTime<Utc>`, which is what could be decoded before.
+    pub fn new(micros: i64) -> Option<Self> {
+        let (min, max) =
+            (DateTime::<Utc>::MIN_UTC.timestamp_micros(), DateTime::<Utc>::MAX_UTC.timestamp_micros());
+        (min..=max).contains(&micros).then_some(UnixMicros(micros))
+    }
+
+    pub fn of(t: DateTime<Utc>) -> Self {
+        UnixMicros(t.timestamp_micros())
+    }
+
+    /// The timestamp as [`format`] writes it, as a JSON string.
+    pub fn write_json(self, out: &mut Vec<u8>) {
+        let days = self.0.div_euclid(MICROS_PER_DAY);
+        let in_day = self.0.rem_euclid(MICROS_PER_DAY);
+        let (year, month, day) = civil_from_days(days);
+        match u32::try_from(year).ok().filter(|y| *y <= 9999) {
+            Some(year) => {
+                let (secs, micros) = ((in_day / 1_000_000) as u32, (in_day % 1_000_000) as u32);
+                let stamp =
+                    Stamp::from_parts(year, month, day, secs / 3600, secs / 60 % 60, secs % 60, micros);
+                out.push(b'"');
+                out.extend_from_slice(stamp.as_str().as_bytes());
+                out.push(b'"');
+            }
+            None => {
+                let t = DateTime::<Utc>::from_timestamp_micros(self.0).unwrap_or_default();
+                // Into a Vec, serialising a string cannot fail.
+                let _ = serde_json::to_writer(out, &strftime_format(t));
+            }
+        }
+    }
+}
+
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// The proleptic Gregorian (year, month, day) of a day counted from 1970-01-01 (H. Hinnant's
+/// `civil_from_days`: whole 400-year eras, then the year within the era from March on).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * month_from_march + 2) / 5 + 1) as u32;
+    let month = if month_from_march < 10 { month_from_march + 3 } else { month_from_march - 9 } as u32;
+    (year_of_era + era * 400 + i64::from(month <= 2), month, day)
+}
+
 /// The common case (years 0–9999, no leap second) written digit by digit.
 struct Stamp {
     buf: [u8; 27],
@@ -47,6 +104,27 @@ impl Stamp {
         if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
             return None;
         }
+        let (hour, minute, second) = (time.hour(), time.minute(), time.second());
+        Some(Stamp::from_parts(
+            year.unsigned_abs(),
+            date.month(),
+            date.day(),
+            hour,
+            minute,
+            second,
+            nanos / 1000,
+        ))
+    }
+
+    fn from_parts(
+        year: u32,
+        month: u32,
+        day: u32,
+        hour: u32,
+        minute: u32,
+        second: u32,
+        micros: u32,
+    ) -> Stamp {
         let mut buf = *b"0000-00-00T00:00:00.000000Z";
         let mut put = |at: usize, width: usize, mut value: u32| {
             for i in (at..at + width).rev() {
@@ -54,13 +132,13 @@ impl Stamp {
                 value /= 10;
             }
         };
-        put(0, 4, year.unsigned_abs());
-        put(5, 2, date.month());
-        put(8, 2, date.day());
-        put(11, 2, time.hour());
-        put(14, 2, time.minute());
-        put(17, 2, time.second());
-        put(20, 6, nanos / 1000);
+        put(0, 4, year);
+        put(5, 2, month);
+        put(8, 2, day);
+        put(11, 2, hour);
+        put(14, 2, minute);
+        put(17, 2, second);
+        put(20, 6, micros);
         let mut end = 26;
         while end > 20 && buf[end - 1] == b'0' {
             end -= 1;
@@ -69,7 +147,7 @@ impl Stamp {
             end = 19; // no fraction: no dot either
         }
         buf[end] = b'Z';
-        Some(Stamp { buf, len: end + 1 })
+        Stamp { buf, len: end + 1 }
     }
 
     fn as_str(&self) -> &str {
@@ -197,5 +275,40 @@ mod tests {
                 assert_eq!(format(t), strftime_format(t), "{secs} {micros}");
             }
         }
+    }
+
+    #[test]
+    fn unix_micros_are_written_as_the_wire_time_of_the_same_instant() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (min, max) =
+            (DateTime::<Utc>::MIN_UTC.timestamp_micros(), DateTime::<Utc>::MAX_UTC.timestamp_micros());
+        let year_0 = -62_167_219_200_000_000_i64;
+        let year_10000 = 253_402_300_800_000_000_i64;
+        let edges = [min, max, 0, -1, 1, year_0, year_0 - 1, year_10000, year_10000 - 1, 951_782_400_000_000];
+        let span = (i128::from(max) - i128::from(min)) as u64;
+        let mut instants = edges.to_vec();
+        for _ in 0..100_000 {
+            instants.push((next() % 4_000_000_000_000_000) as i64 - 1_000_000_000_000_000);
+            instants.push((i128::from(min) + i128::from(next() % span)) as i64);
+            instants.push(((next() % 400_000_000_000) as i64 - 70_000_000_000) * 1_000_000);
+        }
+        for micros in instants {
+            let t = DateTime::<Utc>::from_timestamp_micros(micros).unwrap();
+            let mut written = Vec::new();
+            UnixMicros::new(micros).unwrap().write_json(&mut written);
+            assert_eq!(
+                String::from_utf8(written).unwrap(),
+                serde_json::to_string(&WireTime(t)).unwrap(),
+                "{micros}"
+            );
+        }
+        assert_eq!(UnixMicros::new(min - 1), None);
+        assert_eq!(UnixMicros::new(max + 1), None);
     }
 }

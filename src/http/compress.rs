@@ -8,7 +8,8 @@ use std::io::Write;
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::http::header::{self, AcceptEncoding, Encoding, Header, HeaderValue};
 use actix_web::http::StatusCode;
-use actix_web::{HttpRequest, HttpResponse};
+use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder};
+use bytes::Bytes;
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
@@ -19,12 +20,12 @@ use flate2::Compression;
 const LEVEL: u32 = 1;
 
 /// Below this a body gains little and the gzip framing (18 bytes) can make it larger.
-const MIN_BYTES: usize = 1024;
+pub const MIN_BYTES: usize = 1024;
 
 /// Whether the request names gzip as acceptable, honouring q-values (`gzip;q=0` refuses it, and an
 /// `identity` ranked above gzip keeps the body plain). `*` alone does not count: a client that
 /// never named an encoding gets what it got before compression existed.
-fn wants_gzip(req: &HttpRequest) -> bool {
+pub fn wants_gzip(req: &HttpRequest) -> bool {
     let Ok(accept) = AcceptEncoding::parse(req) else {
         return false;
     };
@@ -70,10 +71,74 @@ pub fn negotiated(req: &HttpRequest, mut res: HttpResponse) -> HttpResponse {
     }
 }
 
+/// For a `200 application/json` body of at least [`MIN_BYTES`] that is sent as it is made (a pull
+/// page, docs/api.md §8.2), compressed with a [`GzipStream`] when `gzip` ([`wants_gzip`]): the
+/// headers [`negotiated`] would have set on it whole.
+pub fn streamed(req: &HttpRequest, res: &mut HttpResponseBuilder, gzip: bool) {
+    if req.headers().contains_key(header::ACCEPT_ENCODING) {
+        res.append_header((header::VARY, HeaderValue::from_static("accept-encoding")));
+    }
+    if gzip {
+        res.insert_header((header::CONTENT_ENCODING, HeaderValue::from_static("gzip")));
+    }
+}
+
+/// gzip of a body that is sent in pieces as it is made: the same level and the same decoded
+/// bytes as [`negotiated`]'s. The compressor decides when output is due, so a piece in may give
+/// nothing out yet; nothing is flushed early, which would cost bytes on the wire.
+pub struct GzipStream {
+    encoder: GzEncoder<Vec<u8>>,
+}
+
+impl Default for GzipStream {
+    fn default() -> Self {
+        GzipStream { encoder: GzEncoder::new(Vec::new(), Compression::new(LEVEL)) }
+    }
+}
+
+impl GzipStream {
+    /// Compresses `plain`; returns the compressed bytes that are ready (possibly none).
+    pub fn push(&mut self, plain: &[u8]) -> std::io::Result<Bytes> {
+        self.encoder.write_all(plain)?;
+        // A page's records pack to about a sixth: room for what one piece usually gives.
+        let room = Vec::with_capacity(plain.len() / 4);
+        Ok(Bytes::from(std::mem::replace(self.encoder.get_mut(), room)))
+    }
+
+    /// The rest of the compressed stream, with gzip's trailer.
+    pub fn finish(self) -> std::io::Result<Bytes> {
+        self.encoder.finish().map(Bytes::from)
+    }
+}
+
 #[tracing::instrument(level = "debug", skip_all, fields(bytes = plain.len()))]
 fn gzip(plain: &[u8]) -> std::io::Result<Vec<u8>> {
     // JSON of records packs to roughly a sixth; reserving a quarter avoids regrowth.
     let mut encoder = GzEncoder::new(Vec::with_capacity(plain.len() / 4), Compression::new(LEVEL));
     encoder.write_all(plain)?;
     encoder.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+
+    #[test]
+    fn a_body_gzipped_in_pieces_decodes_to_the_whole_body() {
+        let body: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| format!("{{\"n\":{i},\"v\":\"x{}\"}},", i % 7).into_bytes())
+            .collect();
+        let mut stream = GzipStream::default();
+        let mut packed = Vec::new();
+        for piece in body.chunks(7_919) {
+            packed.extend_from_slice(&stream.push(piece).unwrap());
+        }
+        packed.extend_from_slice(&stream.finish().unwrap());
+        let mut decoded = Vec::new();
+        flate2::read::GzDecoder::new(packed.as_slice()).read_to_end(&mut decoded).unwrap();
+        assert_eq!(decoded, body);
+        assert!(packed.len() * 4 < body.len(), "{} of {} bytes", packed.len(), body.len());
+    }
 }

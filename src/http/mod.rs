@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod observations;
 pub mod openapi;
 pub mod portal;
+pub mod pull_body;
 pub mod routing;
 pub mod sync;
 pub mod users;

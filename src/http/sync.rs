@@ -2,7 +2,7 @@
 //! read pull pages straight from the pool.
 
 use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use serde_json::Value;
 
 use crate::actors::change_log::{reset_required, Push};
@@ -13,11 +13,12 @@ use crate::domain::api_version::ApiVersion;
 use crate::domain::role::Role;
 use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push_body, PullQuery};
 use crate::domain::sync::push_body::{PushBody, Received};
-use crate::domain::sync::{encode, Dialect, PullPage, PullRequest, PushRequest, StoredRecord, Warning};
+use crate::domain::sync::{encode, Dialect, PullRequest, PushRequest, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
-use crate::http::compress::negotiated;
-use crate::http::context::{served_by, X_API_VERSION_USED};
+use crate::http::compress::{self, negotiated};
+use crate::http::context::{served_by, X_API_VERSION_USED, X_SERVED_BY};
 use crate::http::extract::{api_version, malformed_json, parse_push_body, state, Auth, BodyBytes, JsonBody};
+use crate::http::pull_body::{self, PageStart, StartedBody};
 use crate::state::AppState;
 
 static X_IDEMPOTENT_REPLAY: HeaderName = HeaderName::from_static("x-idempotent-replay");
@@ -75,10 +76,14 @@ pub fn query_pairs(req: &HttpRequest) -> Vec<(String, String)> {
 }
 
 fn dialect_response(dialect: Dialect, body: Vec<u8>, generation: i64) -> HttpResponse {
-    let mut res = HttpResponse::Ok().content_type("application/json").body(body);
-    let headers = res.headers_mut();
-    headers.insert(X_API_VERSION_USED.clone(), HeaderValue::from_static(dialect.api_version_used()));
-    headers.insert(X_REPOSITORY_GENERATION.clone(), HeaderValue::from(generation));
+    dialect_builder(dialect, generation).body(body)
+}
+
+fn dialect_builder(dialect: Dialect, generation: i64) -> HttpResponseBuilder {
+    let mut res = HttpResponse::Ok();
+    res.content_type("application/json")
+        .insert_header((X_API_VERSION_USED.clone(), HeaderValue::from_static(dialect.api_version_used())))
+        .insert_header((X_REPOSITORY_GENERATION.clone(), HeaderValue::from(generation)));
     res
 }
 
@@ -176,56 +181,64 @@ async fn check_schemas(st: &AppState, request: &mut PushRequest) -> ApiResult<()
     Ok(())
 }
 
-/// Reads one page, from a replica when one has reached the client's cursor (docs/api.md §18.3);
-/// a client holding another repository generation gets 409 instead.
+/// Starts reading one page, from a replica when one has reached the client's cursor (docs/api.md
+/// §18.3); a client holding another repository generation gets 409 instead. Both are decided on
+/// the page's first row, which carries the head, before any byte of the answer is sent; a failure
+/// up to the end of the first chunk is still an error answer (or, on a replica, a retry on the
+/// primary).
 async fn pull_page(
     st: &AppState,
     pull: &PullRequest,
     client_generation: Option<i64>,
-) -> ApiResult<(PullPage, Target)> {
-    let (after, types, limit) = (pull.after, &pull.types, pull.limit);
+    gzip: bool,
+) -> ApiResult<(PageStart, Target)> {
     // A replica still showing an older generation than the client's is behind, not a reason to
     // tell the client to reset.
-    let position = |(head, _): &(records::Head, Vec<StoredRecord>)| {
-        if client_generation.is_some_and(|g| g > head.repository_generation) {
+    let position = |page: &PageStart| {
+        if client_generation.is_some_and(|g| g > page.head.repository_generation) {
             -1
         } else {
-            head.change_id
+            page.head.change_id
         }
     };
+    let span = tracing::Span::current();
     let served = st
         .reads
-        .read(Some(after), position, move |db| {
-            Box::pin(async move { records::pull_page(&db, after, types, limit).await })
+        .read(Some(pull.after), position, move |db| {
+            Box::pin(pull_body::start(db, pull.clone(), gzip, span.clone()))
         })
         .await?;
-    let (head, mut found) = served.value;
-    if client_generation.is_some_and(|g| g != head.repository_generation) {
-        return Err(reset_required(head.repository_generation));
+    let generation = served.value.head.repository_generation;
+    if client_generation.is_some_and(|g| g != generation) {
+        return Err(reset_required(generation));
     }
-    let has_more = found.len() as i64 > pull.limit;
-    found.truncate(pull.limit as usize);
-    let page = PullPage {
-        records: found,
-        head: head.change_id,
-        repository_generation: head.repository_generation,
-        has_more,
-        types: pull.types.clone(),
-    };
-    Ok((page, served.by))
+    Ok((served.value, served.by))
 }
 
+/// The page whole when it fitted in one chunk (gzipped as any JSON answer); else streamed,
+/// chunk by chunk, gzipped on the way when the client accepts it (`gzip`).
 fn pull_response(
     req: &HttpRequest,
     st: &AppState,
     username: &str,
     pull: &PullRequest,
-    (page, by): &(PullPage, Target),
-) -> ApiResult<HttpResponse> {
+    gzip: bool,
+    (page, by): (PageStart, Target),
+) -> HttpResponse {
     report_sync(req, st, username, &pull.client_id, Some(pull.after));
-    crate::monitoring::records_pulled(pull.dialect, page.records.len());
-    let body = encode::pull_response(pull.dialect, page).map_err(ApiError::internal)?;
-    Ok(negotiated(req, served_by(dialect_response(pull.dialect, body, page.repository_generation), *by)))
+    let generation = page.head.repository_generation;
+    match page.body {
+        StartedBody::Whole(body, records) => {
+            crate::monitoring::records_pulled(pull.dialect, records);
+            negotiated(req, served_by(dialect_response(pull.dialect, body, generation), by))
+        }
+        StartedBody::Streamed(body) => {
+            let mut res = dialect_builder(pull.dialect, generation);
+            res.insert_header((X_SERVED_BY.clone(), by.as_str()));
+            compress::streamed(req, &mut res, gzip);
+            res.streaming(body)
+        }
+    }
 }
 
 /// Pull a page of changes (dialect from the body)
@@ -247,8 +260,9 @@ pub async fn pull(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
         schema_types: pairs.iter().filter(|(k, _)| k == "schemaType").map(|(_, v)| v.clone()).collect(),
     };
     let pull = decode_pull(&body, &query)?;
-    let page = pull_page(st, &pull, client_generation(&req, &body)).await?;
-    pull_response(&req, st, &caller.username, &pull, &page)
+    let gzip = compress::wants_gzip(&req);
+    let page = pull_page(st, &pull, client_generation(&req, &body), gzip).await?;
+    Ok(pull_response(&req, st, &caller.username, &pull, gzip, page))
 }
 
 /// Pull a page of changes (spec shape, or synkronus with x-api-version 1.0.x)
@@ -269,8 +283,9 @@ pub async fn pull_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
         ApiVersion::V1_1 => Dialect::Spec,
     };
     let pull = decode_pull_query(&query_pairs(&req), dialect)?;
-    let page = pull_page(st, &pull, client_generation(&req, &Value::Null)).await?;
-    pull_response(&req, st, &caller.username, &pull, &page)
+    let gzip = compress::wants_gzip(&req);
+    let page = pull_page(st, &pull, client_generation(&req, &Value::Null), gzip).await?;
+    Ok(pull_response(&req, st, &caller.username, &pull, gzip, page))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

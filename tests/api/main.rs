@@ -24,6 +24,7 @@ mod membudget;
 mod metrics;
 mod openapi;
 mod portal;
+mod pull_stream;
 mod replica;
 mod resilience;
 mod stats;

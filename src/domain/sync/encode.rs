@@ -1,11 +1,11 @@
-//! Internal model -> wire, per dialect (docs/api.md §8.7–8.9).
+//! Internal model -> wire, per dialect (docs/api.md §8.7–8.9): push answers and the Observation
+//! of the listings. Pull pages are written as their rows arrive, by `page`.
 
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{Dialect, PullCursor, PullPage, PushResult, StoredRecord, Warning};
-use crate::domain::page_token::{self, TokenKind};
+use super::{Dialect, PushResult, StoredRecord, Warning};
 use crate::domain::time::WireTime;
 
 /// The Observation (8.7) with the given key style: the synkronus dialect's snake_case, or camel.
@@ -54,138 +54,12 @@ macro_rules! observation_record {
 }
 
 observation_record!(SynkronusRecord);
-observation_record!(CamelRecord, #[serde(rename_all = "camelCase")]);
-
-#[derive(Serialize)]
-struct SpecRecord<'a> {
-    id: &'a str,
-    schema_type: &'a str,
-    schema_version: &'a str,
-    data: &'a RawValue,
-    change_id: i64,
-    last_modified: WireTime,
-    deleted: bool,
-}
 
 /// The synkronus Observation as a JSON object, for the non-hot read paths that add fields.
 pub fn synkronus_record(r: &StoredRecord) -> Map<String, Value> {
     match serde_json::to_value(SynkronusRecord::of(r)) {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
-    }
-}
-
-/// The continuation token: resumes after the cutoff while more remain, else after S.
-pub fn next_page_token(page: &PullPage) -> String {
-    page_token::encode(TokenKind::Pull, &PullCursor { a: page.resume_after(), t: page.types.clone() })
-}
-
-#[derive(Serialize)]
-struct SynkronusPull<'a> {
-    current_version: i64,
-    records: Vec<SynkronusRecord<'a>>,
-    change_cutoff: i64,
-    has_more: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    next_page_token: Option<String>,
-    sync_format_version: &'static str,
-    repository_generation: i64,
-}
-
-#[derive(Serialize)]
-struct SpecPull<'a> {
-    records: Vec<SpecRecord<'a>>,
-    change_cutoff: i64,
-    next_page_token: String,
-    has_more: bool,
-    repository_generation: i64,
-}
-
-#[derive(Serialize)]
-struct CamelChanges<'a> {
-    observations: Vec<CamelRecord<'a>>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct CamelPull<'a> {
-    changes: CamelChanges<'a>,
-    timestamp: i64,
-    has_more: bool,
-    change_cutoff: i64,
-    #[serde(rename = "repository_generation")]
-    repository_generation: i64,
-}
-
-/// The pull response body in `dialect`, serialised.
-pub fn pull_response(dialect: Dialect, page: &PullPage) -> serde_json::Result<Vec<u8>> {
-    // Sized up front: growing a page of hundreds of KB by doubling copied it several times over,
-    // each time into freshly faulted memory.
-    let mut out = Vec::with_capacity(page_size_estimate(page));
-    write_pull_response(&mut out, dialect, page)?;
-    Ok(out)
-}
-
-/// The stored JSON plus what each record's fields and keys add (about 330 bytes), plus the page's own.
-fn page_size_estimate(page: &PullPage) -> usize {
-    let json = |v: &Option<Box<RawValue>>| v.as_ref().map_or(0, |j| j.get().len());
-    let records: usize = page
-        .records
-        .iter()
-        .map(|r| {
-            330 + r.id.len() + r.form_type.len() + r.data.get().len() + json(&r.geolocation) + json(&r.tags)
-        })
-        .sum();
-    records + 512
-}
-
-fn write_pull_response(out: &mut Vec<u8>, dialect: Dialect, page: &PullPage) -> serde_json::Result<()> {
-    let cutoff = page.change_cutoff();
-    match dialect {
-        Dialect::Synkronus => serde_json::to_writer(
-            out,
-            &SynkronusPull {
-                current_version: page.head,
-                records: page.records.iter().map(SynkronusRecord::of).collect(),
-                change_cutoff: cutoff,
-                has_more: page.has_more,
-                next_page_token: page.has_more.then(|| next_page_token(page)),
-                sync_format_version: "1.0",
-                repository_generation: page.repository_generation,
-            },
-        ),
-        Dialect::Spec => serde_json::to_writer(
-            out,
-            &SpecPull {
-                records: page
-                    .records
-                    .iter()
-                    .map(|r| SpecRecord {
-                        id: &r.id,
-                        schema_type: &r.form_type,
-                        schema_version: &r.form_version,
-                        data: &r.data,
-                        change_id: r.change_id,
-                        last_modified: WireTime(r.synced_at),
-                        deleted: r.deleted,
-                    })
-                    .collect(),
-                change_cutoff: cutoff,
-                next_page_token: next_page_token(page),
-                has_more: page.has_more,
-                repository_generation: page.repository_generation,
-            },
-        ),
-        Dialect::Camel => serde_json::to_writer(
-            out,
-            &CamelPull {
-                changes: CamelChanges { observations: page.records.iter().map(CamelRecord::of).collect() },
-                timestamp: page.resume_after(),
-                has_more: page.has_more,
-                change_cutoff: cutoff,
-                repository_generation: page.repository_generation,
-            },
-        ),
     }
 }
 
@@ -274,4 +148,140 @@ pub fn push_response(dialect: Dialect, result: &PushResult) -> Value {
     };
     // Plain data throughout: serialising it cannot fail.
     body.unwrap_or(Value::Null)
+}
+
+/// The whole-page encoder pull pages were written with before they were streamed
+/// (`super::page`), kept as the reference its bytes are compared with.
+#[cfg(test)]
+pub(crate) mod reference {
+    use serde::Serialize;
+    use serde_json::value::RawValue;
+
+    use super::{SynkronusRecord, WireTime};
+    use crate::domain::page_token::{self, TokenKind};
+    use crate::domain::sync::{Dialect, PullCursor, StoredRecord};
+
+    observation_record!(CamelRecord, #[serde(rename_all = "camelCase")]);
+
+    /// A pull page, before encoding.
+    #[derive(Debug, Clone)]
+    pub struct PullPage {
+        pub records: Vec<StoredRecord>,
+        /// S: the snapshot head.
+        pub head: i64,
+        pub repository_generation: i64,
+        pub has_more: bool,
+        pub types: Vec<String>,
+    }
+
+    impl PullPage {
+        /// The page's last change_id, or S when the page is empty (docs/api.md §8.2 rule 4).
+        fn change_cutoff(&self) -> i64 {
+            self.records.last().map(|r| r.change_id).unwrap_or(self.head)
+        }
+
+        /// Where the next pull resumes: the cutoff while more remain, else S (rule 6).
+        fn resume_after(&self) -> i64 {
+            if self.has_more {
+                self.change_cutoff()
+            } else {
+                self.head
+            }
+        }
+    }
+
+    #[derive(Serialize)]
+    struct SpecRecord<'a> {
+        id: &'a str,
+        schema_type: &'a str,
+        schema_version: &'a str,
+        data: &'a RawValue,
+        change_id: i64,
+        last_modified: WireTime,
+        deleted: bool,
+    }
+
+    /// The continuation token: resumes after the cutoff while more remain, else after S.
+    fn next_page_token(page: &PullPage) -> String {
+        page_token::encode(TokenKind::Pull, &PullCursor { a: page.resume_after(), t: page.types.clone() })
+    }
+
+    #[derive(Serialize)]
+    struct SynkronusPull<'a> {
+        current_version: i64,
+        records: Vec<SynkronusRecord<'a>>,
+        change_cutoff: i64,
+        has_more: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        next_page_token: Option<String>,
+        sync_format_version: &'static str,
+        repository_generation: i64,
+    }
+
+    #[derive(Serialize)]
+    struct SpecPull<'a> {
+        records: Vec<SpecRecord<'a>>,
+        change_cutoff: i64,
+        next_page_token: String,
+        has_more: bool,
+        repository_generation: i64,
+    }
+
+    #[derive(Serialize)]
+    struct CamelChanges<'a> {
+        observations: Vec<CamelRecord<'a>>,
+    }
+
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct CamelPull<'a> {
+        changes: CamelChanges<'a>,
+        timestamp: i64,
+        has_more: bool,
+        change_cutoff: i64,
+        #[serde(rename = "repository_generation")]
+        repository_generation: i64,
+    }
+
+    /// The pull response body in `dialect`, serialised.
+    pub fn pull_response(dialect: Dialect, page: &PullPage) -> serde_json::Result<Vec<u8>> {
+        let cutoff = page.change_cutoff();
+        match dialect {
+            Dialect::Synkronus => serde_json::to_vec(&SynkronusPull {
+                current_version: page.head,
+                records: page.records.iter().map(SynkronusRecord::of).collect(),
+                change_cutoff: cutoff,
+                has_more: page.has_more,
+                next_page_token: page.has_more.then(|| next_page_token(page)),
+                sync_format_version: "1.0",
+                repository_generation: page.repository_generation,
+            }),
+            Dialect::Spec => serde_json::to_vec(&SpecPull {
+                records: page
+                    .records
+                    .iter()
+                    .map(|r| SpecRecord {
+                        id: &r.id,
+                        schema_type: &r.form_type,
+                        schema_version: &r.form_version,
+                        data: &r.data,
+                        change_id: r.change_id,
+                        last_modified: WireTime(r.synced_at),
+                        deleted: r.deleted,
+                    })
+                    .collect(),
+                change_cutoff: cutoff,
+                next_page_token: next_page_token(page),
+                has_more: page.has_more,
+                repository_generation: page.repository_generation,
+            }),
+            Dialect::Camel => serde_json::to_vec(&CamelPull {
+                changes: CamelChanges { observations: page.records.iter().map(CamelRecord::of).collect() },
+                timestamp: page.resume_after(),
+                has_more: page.has_more,
+                change_cutoff: cutoff,
+                repository_generation: page.repository_generation,
+            }),
+        }
+    }
 }

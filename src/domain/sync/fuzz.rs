@@ -5,8 +5,10 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push, PullQuery};
-use crate::domain::sync::encode::{pull_response, push_response};
-use crate::domain::sync::{Dialect, PullPage, PushResult, StoredRecord};
+use crate::domain::sync::encode::push_response;
+use crate::domain::sync::page::{PageWriter, PulledRecord};
+use crate::domain::sync::{Dialect, PushResult};
+use crate::domain::time::UnixMicros;
 use crate::testing::*;
 
 /// A push body in each dialect's shape, with generated record fields, so decoding gets deep.
@@ -143,15 +145,11 @@ fn pulled_records(dialect: Dialect, body: &Value) -> Vec<Value> {
     list.as_array().cloned().unwrap_or_default()
 }
 
-fn raw(v: &Value) -> Box<serde_json::value::RawValue> {
-    serde_json::value::RawValue::from_string(v.to_string()).expect("valid JSON text")
-}
-
 proptest! {
     #![proptest_config(config(48))]
 
     /// push decode -> pull encode -> text -> push decode gives the same records, per dialect.
-    /// (Pull encodes stored JSON text as is; `raw` stands in for the database's copy.)
+    /// (Pull writes stored JSON text as is; the decoded record's text stands in for the database's copy.)
     #[test]
     fn valid_records_round_trip_through_every_dialect(
         records in proptest::collection::vec(generated_record(), 1..5),
@@ -162,30 +160,42 @@ proptest! {
         prop_assert_eq!(Dialect::detect(&body), dialect);
         let push = decode_push(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(push.records.len(), records.len());
-        let stored: Vec<StoredRecord> = push
+        // The database's copy of each record's JSON, as the pull reads it.
+        let stored: Vec<(String, Option<String>, Option<String>)> = push
             .records
             .iter()
-            .enumerate()
-            .map(|(i, r)| StoredRecord {
-                id: r.id.clone(),
-                form_type: r.form_type.clone(),
-                form_version: r.form_version.clone(),
-                data: r.data.clone().unwrap_or_else(|| raw(&Value::Null)),
-                deleted: r.deleted,
-                created_at: r.created_at,
-                updated_at: r.updated_at,
-                synced_at: chrono::Utc::now(),
-                geolocation: r.geolocation.clone(),
-                author: r.author.clone(),
-                device_id: r.device_id.clone(),
-                tags: r.tags.clone().map(|t| raw(&Value::from(t))),
-                change_id: i as i64 + 1,
+            .map(|r| {
+                (
+                    r.data.as_ref().map_or_else(|| "null".to_string(), |d| d.get().to_string()),
+                    r.geolocation.as_ref().map(|g| g.get().to_string()),
+                    r.tags.clone().map(|t| Value::from(t).to_string()),
+                )
             })
             .collect();
         let head = stored.len() as i64;
-        let page = PullPage { records: stored, head, repository_generation: 1, has_more: false, types: vec![] };
-        let text = String::from_utf8(pull_response(dialect, &page).map_err(|e| TestCaseError::fail(e.to_string()))?)
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut writer = PageWriter::new(dialect, head, 1, 500, vec![]);
+        let mut bytes = Vec::new();
+        writer.open(&mut bytes);
+        for (i, (r, (data, geolocation, tags))) in push.records.iter().zip(&stored).enumerate() {
+            let record = PulledRecord {
+                id: &r.id,
+                form_type: &r.form_type,
+                form_version: &r.form_version,
+                data,
+                deleted: r.deleted,
+                created_at: r.created_at.map(UnixMicros::of),
+                updated_at: r.updated_at.map(UnixMicros::of),
+                synced_at: UnixMicros::of(chrono::Utc::now()),
+                geolocation: geolocation.as_deref(),
+                author: r.author.as_deref(),
+                device_id: r.device_id.as_deref(),
+                tags: tags.as_deref(),
+                change_id: i as i64 + 1,
+            };
+            writer.record(&mut bytes, &record);
+        }
+        writer.close(&mut bytes);
+        let text = String::from_utf8(bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let pulled: Value = serde_json::from_str(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let again = decode_push(&push_body(dialect, pulled_records(dialect, &pulled)))
             .map_err(|e| TestCaseError::fail(e.to_string()))?;

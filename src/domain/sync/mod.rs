@@ -3,6 +3,7 @@
 pub mod canonical;
 pub mod decode;
 pub mod encode;
+pub mod page;
 pub mod plan;
 pub mod push_body;
 
@@ -324,33 +325,6 @@ pub struct StoredRecord {
     pub device_id: Option<String>,
     pub tags: Option<Box<RawValue>>,
     pub change_id: i64,
-}
-
-/// A pull page, before encoding.
-#[derive(Debug, Clone)]
-pub struct PullPage {
-    pub records: Vec<StoredRecord>,
-    /// S: the snapshot head.
-    pub head: i64,
-    pub repository_generation: i64,
-    pub has_more: bool,
-    pub types: Vec<String>,
-}
-
-impl PullPage {
-    /// The page's last change_id, or S when the page is empty (docs/api.md §8.2 rule 4).
-    pub fn change_cutoff(&self) -> i64 {
-        self.records.last().map(|r| r.change_id).unwrap_or(self.head)
-    }
-
-    /// Where the next pull resumes: the cutoff while more remain, else S (rule 6).
-    pub fn resume_after(&self) -> i64 {
-        if self.has_more {
-            self.change_cutoff()
-        } else {
-            self.head
-        }
-    }
 }
 
 /// Page size rules shared by every listing (docs/api.md §1.5).
