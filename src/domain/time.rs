@@ -203,6 +203,16 @@ fn strftime_format(t: DateTime<Utc>) -> String {
 mod tests {
     use super::*;
 
+    /// A fixed pseudo-random sequence (xorshift64), so a failure names inputs that reproduce.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
     #[test]
     fn round_trips_as_documented() {
         for s in ["2025-06-27T10:55:58Z", "2025-06-27T10:55:58.123Z", "2025-06-27T10:55:58.000001Z"] {
@@ -216,13 +226,7 @@ mod tests {
     #[test]
     fn the_serde_form_is_chronos() {
         use chrono::TimeZone;
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15_u64);
         let edges = [0i64, 1, -1, 253_402_300_799, 253_402_300_800, -62_167_219_200, -62_167_219_201];
         let spread: Vec<i64> =
             (0..20_000).map(|_| (next() % 600_000_000_000) as i64 - 200_000_000_000).collect();
@@ -259,13 +263,7 @@ mod tests {
     #[test]
     fn digit_by_digit_equals_strftime() {
         use chrono::TimeZone;
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d_u64);
         let edges = [0i64, 1, -1, 253_402_300_799, -62_167_219_200, 951_782_400, 1_719_316_800];
         let spread: Vec<i64> =
             (0..20_000).map(|_| (next() % 400_000_000_000) as i64 - 70_000_000_000).collect();
@@ -279,13 +277,7 @@ mod tests {
 
     #[test]
     fn unix_micros_are_written_as_the_wire_time_of_the_same_instant() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15_u64);
         let (min, max) =
             (DateTime::<Utc>::MIN_UTC.timestamp_micros(), DateTime::<Utc>::MAX_UTC.timestamp_micros());
         let year_0 = -62_167_219_200_000_000_i64;

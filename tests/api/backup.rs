@@ -10,7 +10,9 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{binary, cluster, fresh_database, small_bundle, test_env, Api, ChildServer, TestApp};
+use crate::helpers::{
+    binary, cluster, connect, fresh_database, small_bundle, test_env, Api, ChildServer, TestApp,
+};
 
 struct Run {
     ok: bool,
@@ -49,12 +51,6 @@ fn assert_refused(run: &Run, mentions: &str) {
 async fn new_target() -> (String, tempfile::TempDir) {
     let conn = cluster().connection_string(&fresh_database().await);
     (conn, tempfile::tempdir().expect("target root"))
-}
-
-async fn connect(conn: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(connection);
-    client
 }
 
 /// Every table of the app's schema (but refinery's) as its sorted rows in text.

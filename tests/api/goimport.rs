@@ -10,7 +10,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{binary, cluster, fresh_database, TestApp, JWT_SECRET};
+use crate::helpers::{binary, cluster, connect, fresh_database, TestApp, JWT_SECRET};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Gen {
@@ -43,12 +43,6 @@ struct GoSource {
     observations: Vec<Obs>,
     attachments: Vec<Att>,
     counter: i64,
-}
-
-async fn connect(conn: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(connection);
-    client
 }
 
 /// The tables of docs/api.md §19.1, as goose created them.

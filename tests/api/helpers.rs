@@ -407,6 +407,13 @@ pub fn binary(args: &[&str], dir: &Path) -> tokio::process::Command {
     cmd
 }
 
+/// A plain connection to `conn`, driven by a task of the test's runtime.
+pub async fn connect(conn: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
 /// The server binary as a child process, so that it can die the way a real process does.
 pub struct ChildServer {
     child: tokio::process::Child,
