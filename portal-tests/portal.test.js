@@ -346,7 +346,8 @@ test('browse a pushed observation: its JSON, history and attachment', async () =
   await go(page, '#/observations');
   await page.getByLabel('Form type').fill('person_registration');
   await page.getByRole('button', { name: 'Search' }).click();
-  await page.getByRole('link', { name: 'obs_001' }).waitFor();
+  // The unfiltered first page (11 observations) is on screen until the search's answer replaces it.
+  await page.getByText('10 observations.', { exact: true }).waitFor();
   const rows = await page.locator('tbody tr').count();
   assert.equal(rows, 10);
   await page.getByRole('link', { name: 'obs_001' }).click();

@@ -70,14 +70,19 @@ export async function render(main) {
 
   let rows = [];
   let token = null;
+  // A search started while pages are still loading (Enter in a field during the first load)
+  // replaces that load: its later answers are dropped instead of mixed into the new list.
+  let search = 0;
 
   function start() {
+    search += 1;
     rows = [];
     token = null;
     loadPage();
   }
 
   async function loadPage() {
+    const mine = search;
     await busy(more.hidden ? submit : more, slot, async () => {
       const lo = toIsoStart(from.value);
       const hi = toIsoEnd(to.value);
@@ -91,6 +96,7 @@ export async function render(main) {
           limit: 200,
           page_token: token,
         });
+        if (mine !== search) return;
         const keep = page.observations.filter((o) => {
           const t = new Date(o.created_at).getTime();
           return (lo === null || t >= lo) && (hi === null || t <= hi);
