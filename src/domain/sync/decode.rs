@@ -626,4 +626,4 @@ fn normalize_types(mut types: Vec<String>) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -1,8 +1,8 @@
 use proptest::prelude::*;
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::*;
+use crate::domain::sync::decode::tests::former::{compact_json, storable_json};
 use crate::domain::sync::push_body;
 use crate::testing::config;
 
@@ -11,27 +11,6 @@ use crate::testing::config;
 fn reference(text: &str) -> Result<std::result::Result<String, &'static str>> {
     let value: Value = push_body::parse(text)?;
     Ok(storable_json(&value).map(|()| compact_json(&value).get().to_string()))
-}
-
-fn compact_json(value: &Value) -> Box<RawValue> {
-    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
-}
-
-fn storable_json(v: &Value) -> std::result::Result<(), &'static str> {
-    match v {
-        Value::String(s) if s.contains('\0') => Err("strings must not contain NUL characters"),
-        Value::Array(items) => items.iter().try_for_each(storable_json),
-        Value::Object(map) => {
-            for (k, v) in map {
-                if k.contains('\0') {
-                    return Err("keys must not contain NUL characters");
-                }
-                storable_json(v)?;
-            }
-            Ok(())
-        }
-        _ => Ok(()),
-    }
 }
 
 fn canonical(text: &str) -> Result<std::result::Result<String, &'static str>> {

@@ -7,8 +7,9 @@ use crate::domain::sync::push_body::Received;
 use crate::testing::config;
 
 /// The record decoding of the releases before the tape, kept only as the reference: every record
-/// parsed into a `Value` tree, `data` written back from it.
-mod former {
+/// parsed into a `Value` tree, `data` written back from it (the canonical text's tests use its
+/// JSON checks too).
+pub(in crate::domain::sync) mod former {
     use serde_json::value::RawValue;
     use serde_json::{Map, Value};
 
@@ -271,14 +272,14 @@ mod former {
     }
 
     /// A parsed value as compact JSON text; object keys come out sorted (serde_json's map is ordered).
-    fn compact_json(value: &Value) -> Box<RawValue> {
+    pub(in crate::domain::sync) fn compact_json(value: &Value) -> Box<RawValue> {
         // Serialising a parsed `Value` cannot fail: its keys are strings and its numbers are finite.
         serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
     }
 
     /// NUL cannot appear in PostgreSQL text, and `\u0000` breaks any later cast to jsonb (exports,
     /// statistics): refuse it up front so the push fails with 422 instead of a database error.
-    fn storable_json(v: &Value) -> Result<(), &'static str> {
+    pub(in crate::domain::sync) fn storable_json(v: &Value) -> Result<(), &'static str> {
         match v {
             Value::String(s) if s.contains('\0') => Err("strings must not contain NUL characters"),
             Value::Array(items) => items.iter().try_for_each(storable_json),
