@@ -151,42 +151,48 @@ async fn serve(
     started: oneshot::Sender<Result<Snapshot, tokio_postgres::Error>>,
     mut inbox: mpsc::Receiver<Request>,
 ) {
-    let failed = {
-        let snapshot = client
+    if !answer_in_snapshot(&mut client, &filter, started, &mut inbox).await {
+        // Possibly a dead connection: never hand it to the next export.
+        drop(Object::take(client));
+    }
+}
+
+/// Opens the snapshot on `client` and answers requests in it until the encoding thread is done;
+/// false once a statement has failed. Without a commit the read-only transaction rolls back as it
+/// drops.
+async fn answer_in_snapshot(
+    client: &mut Object,
+    filter: &ExportFilter,
+    started: oneshot::Sender<Result<Snapshot, tokio_postgres::Error>>,
+    inbox: &mut mpsc::Receiver<Request>,
+) -> bool {
+    let opened = async {
+        let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
             .read_only(true)
             .start()
-            .await;
-        match snapshot {
-            Err(e) => {
-                let _ = started.send(Err(e));
-                true
-            }
-            Ok(tx) => match sql::snapshot_head(&tx).await {
-                Err(e) => {
-                    let _ = started.send(Err(e));
-                    true
-                }
-                Ok((head, taken_at)) => {
-                    let _ = started.send(Ok(Snapshot { head, taken_at }));
-                    let mut failed = false;
-                    while let Some(request) = inbox.recv().await {
-                        if answer(&tx, &filter, head, request).await.is_err() {
-                            failed = true;
-                            break;
-                        }
-                    }
-                    // Without a commit the read-only transaction rolls back as it drops.
-                    failed
-                }
-            },
+            .await?;
+        let (head, taken_at) = sql::snapshot_head(&tx).await?;
+        Ok::<_, tokio_postgres::Error>((tx, head, taken_at))
+    }
+    .await;
+    let (tx, head) = match opened {
+        Ok((tx, head, taken_at)) => {
+            let _ = started.send(Ok(Snapshot { head, taken_at }));
+            (tx, head)
+        }
+        Err(e) => {
+            let _ = started.send(Err(e));
+            return false;
         }
     };
-    if failed {
-        // Possibly a dead connection: never hand it to the next export.
-        drop(Object::take(client));
+    while let Some(request) = inbox.recv().await {
+        if answer(&tx, filter, head, request).await.is_err() {
+            return false;
+        }
     }
+    true
 }
 
 /// Answers one request; `Err` once a statement has failed (the encoding thread has the error).

@@ -20,7 +20,7 @@ use flate2::Compression;
 const LEVEL: u32 = 1;
 
 /// Below this a body gains little and the gzip framing (18 bytes) can make it larger.
-pub const MIN_BYTES: usize = 1024;
+const MIN_BYTES: usize = 1024;
 
 /// Whether the request names gzip as acceptable, honouring q-values (`gzip;q=0` refuses it, and an
 /// `identity` ranked above gzip keeps the body plain). `*` alone does not count: a client that

@@ -16,7 +16,7 @@ use crate::domain::sync::push_body::{PushBody, Received};
 use crate::domain::sync::{encode, Dialect, PullRequest, PushRequest, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
 use crate::http::compress::{self, negotiated};
-use crate::http::context::{served_by, X_API_VERSION_USED, X_SERVED_BY};
+use crate::http::context::{served_by, X_API_VERSION_USED};
 use crate::http::extract::{api_version, malformed_json, parse_push_body, state, Auth, BodyBytes, JsonBody};
 use crate::http::pull_body::{self, PageStart, StartedBody};
 use crate::state::AppState;
@@ -234,9 +234,8 @@ fn pull_response(
         }
         StartedBody::Streamed(body) => {
             let mut res = dialect_builder(pull.dialect, generation);
-            res.insert_header((X_SERVED_BY.clone(), by.as_str()));
             compress::streamed(req, &mut res, gzip);
-            res.streaming(body)
+            served_by(res.streaming(body), by)
         }
     }
 }
