@@ -4,6 +4,7 @@
 //! change-log lock. The plan itself is `domain::sync::plan`.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Transaction};
@@ -20,9 +21,29 @@ use crate::monitoring::CommitPhases;
 const STATES_SQL: &str = "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data END
      FROM records WHERE id = ANY($1)";
 
+/// One index probe per key, whatever the planner thinks of the table's size: a lateral subquery
+/// with a `LIMIT` cannot be turned into a join that reads the table first.
 const TRANSMISSIONS_SQL: &str = "SELECT t.client_id, t.transmission_id, t.fingerprint, t.result
-     FROM transmissions t
-     JOIN unnest($1::text[], $2::text[]) AS k(c, i) ON t.client_id = k.c AND t.transmission_id = k.i";
+     FROM unnest($1::text[], $2::text[]) AS k(c, i)
+     CROSS JOIN LATERAL (
+         SELECT * FROM transmissions t WHERE t.client_id = k.c AND t.transmission_id = k.i LIMIT 1
+     ) AS t";
+
+/// A connection caches its plan of each commit statement, and the first plans are made while the
+/// tables are small, when reading a table whole is the cheapest way. Such a plan is kept as the
+/// table grows, until autovacuum next analyses it (a minute or more): the lookup of transmissions
+/// went on scanning every stored one, under the change-log lock, 3 ms of every group commit 20 s
+/// into a push storm (BENCHMARKS.md, "The commit's lookups"). Every lookup of a commit is by key,
+/// so its plans are made with whole-table reads and hash or merge joins priced out. `SET LOCAL`:
+/// the connection's other work is planned as before.
+pub const INDEX_PROBES_ONLY_SQL: &str = "SELECT set_config('enable_seqscan', 'off', true),
+     set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)";
+
+/// The statements of a group commit that find rows of `records` or `transmissions` by key: their
+/// plans must probe an index per key at any table size (a test holds them to it).
+pub fn keyed_statements() -> [&'static str; 5] {
+    [TRANSMISSIONS_SQL, STATES_SQL, ARCHIVE_SQL, &UPDATE_CURRENT_SQL, &stats::COUNT_CHANGES_SQL]
+}
 
 type Param<'a> = dyn ToSql + Sync + 'a;
 
@@ -37,7 +58,8 @@ pub struct PlanInputs {
 
 /// Takes the change-log lock and reads the plan's inputs in one round trip: the statements are
 /// prepared once per connection and pipelined, and PostgreSQL runs them in the order sent, so every
-/// read happens after the lock is held, each in a snapshot taken after it.
+/// read happens after the lock is held, each in a snapshot taken after it, and every statement of
+/// the transaction is planned under [`INDEX_PROBES_ONLY_SQL`].
 pub async fn lock_and_read(
     tx: &Transaction<'_>,
     client_ids: &[String],
@@ -45,7 +67,8 @@ pub async fn lock_and_read(
     ids: &[&str],
     need_data: &[&str],
 ) -> DbResult<PlanInputs> {
-    let (lock, head, transmissions, states) = futures_util::try_join!(
+    let (probes_only, lock, head, transmissions, states) = futures_util::try_join!(
+        tx.prepare_cached(INDEX_PROBES_ONLY_SQL),
         tx.prepare_cached(records::LOCK_SQL),
         tx.prepare_cached(records::HEAD_SQL),
         tx.prepare_cached(TRANSMISSIONS_SQL),
@@ -55,7 +78,8 @@ pub async fn lock_and_read(
     let lock_params: &[&Param<'_>] = &[&records::CHANGELOG_LOCK];
     let keys: &[&Param<'_>] = &[&client_ids, &transmission_ids];
     let wanted: &[&Param<'_>] = &[&ids, &need_data];
-    let (_, head, transmissions, states) = futures_util::try_join!(
+    let (_, _, head, transmissions, states) = futures_util::try_join!(
+        tx.execute(&probes_only, &[]),
         tx.execute(&lock, lock_params),
         tx.query_one(&head, &[]),
         tx.query(&transmissions, keys),
@@ -364,22 +388,27 @@ async fn copy_current_rows(
     Ok(())
 }
 
-/// `created_by` stays: the record keeps the owner of its first revision.
-async fn update_current_rows(
-    db: &impl GenericClient,
-    b: &RevisionBatch<'_>,
-    synced_at: DateTime<Utc>,
-) -> DbResult<()> {
-    let sql = format!(
+/// `created_by` stays: the record keeps the owner of its first revision. Each row is found by one
+/// index probe (as in `TRANSMISSIONS_SQL`) and updated where that probe found it.
+static UPDATE_CURRENT_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
         "UPDATE records SET
              form_type = u.ft, form_version = u.fv, data = u.d, deleted = u.del, created_at = u.ca,
              updated_at = u.ua, synced_at = $18, geolocation = u.g, author = u.au, device_id = u.dv, tags = u.tg,
              change_id = u.c, client_id = u.cl, transmission_id = u.tr, pushed_by = u.pb,
              overwrote_version = u.ov, conflict = u.cf
          FROM {REVISION_UNNEST}
-         WHERE records.id = u.r"
-    );
-    let statement = db.prepare_cached(&sql).await?;
+         CROSS JOIN LATERAL (SELECT ctid AS tid FROM records r WHERE r.id = u.r LIMIT 1) AS found
+         WHERE records.ctid = found.tid"
+    )
+});
+
+async fn update_current_rows(
+    db: &impl GenericClient,
+    b: &RevisionBatch<'_>,
+    synced_at: DateTime<Utc>,
+) -> DbResult<()> {
+    let statement = db.prepare_cached(&UPDATE_CURRENT_SQL).await?;
     db.execute(&statement, &b.revision_params(&synced_at)).await?;
     Ok(())
 }

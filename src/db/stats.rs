@@ -7,6 +7,7 @@
 //! few thousand rows (form types × days) and are exact at every moment.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use deadpool_postgres::GenericClient;
@@ -15,6 +16,29 @@ use crate::db::DbResult;
 
 /// The UTC day of a creation time, as the counts key it (`'-infinity'` stands for none).
 const DAY_OF_CREATED_AT: &str = "coalesce((created_at AT TIME ZONE 'UTC')::date, '-infinity')";
+
+/// `$1` the ids of the records replaced, `$2..$5` the counts added (form type, day, deleted, n);
+/// answers the keys whose count reached zero.
+pub(crate) static COUNT_CHANGES_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH delta AS (
+             SELECT ft, d, del, sum(n)::bigint AS n FROM (
+                 SELECT form_type, {DAY_OF_CREATED_AT}, deleted, -1::bigint FROM records WHERE id = ANY($1)
+                 UNION ALL
+                 SELECT ft, coalesce(d, '-infinity'), del, n
+                 FROM unnest($2::text[], $3::date[], $4::bool[], $5::bigint[]) AS a(ft, d, del, n)
+             ) AS c(ft, d, del, n)
+             GROUP BY ft, d, del
+             HAVING sum(n) <> 0
+         ), counted AS (
+             INSERT INTO observation_counts AS o (form_type, day, deleted, n)
+             SELECT ft, d, del, n FROM delta
+             ON CONFLICT (form_type, day, deleted) DO UPDATE SET n = o.n + excluded.n
+             RETURNING form_type, day, deleted, n
+         )
+         SELECT form_type, day::text, deleted FROM counted WHERE n = 0"
+    )
+});
 
 /// Moves the counts from the stored state of `replaced_ids` to `new_states` (form type, creation
 /// time, deleted) in one statement. Call it before the records are written: the replaced records'
@@ -42,25 +66,7 @@ pub async fn count_changes<'a>(
         deleted.push(del);
         counts.push(n);
     }
-    let sql = format!(
-        "WITH delta AS (
-             SELECT ft, d, del, sum(n)::bigint AS n FROM (
-                 SELECT form_type, {DAY_OF_CREATED_AT}, deleted, -1::bigint FROM records WHERE id = ANY($1)
-                 UNION ALL
-                 SELECT ft, coalesce(d, '-infinity'), del, n
-                 FROM unnest($2::text[], $3::date[], $4::bool[], $5::bigint[]) AS a(ft, d, del, n)
-             ) AS c(ft, d, del, n)
-             GROUP BY ft, d, del
-             HAVING sum(n) <> 0
-         ), counted AS (
-             INSERT INTO observation_counts AS o (form_type, day, deleted, n)
-             SELECT ft, d, del, n FROM delta
-             ON CONFLICT (form_type, day, deleted) DO UPDATE SET n = o.n + excluded.n
-             RETURNING form_type, day, deleted, n
-         )
-         SELECT form_type, day::text, deleted FROM counted WHERE n = 0"
-    );
-    let statement = db.prepare_cached(&sql).await?;
+    let statement = db.prepare_cached(&COUNT_CHANGES_SQL).await?;
     let emptied = db.query(&statement, &[&replaced_ids, &form_types, &days, &deleted, &counts]).await?;
     if !emptied.is_empty() {
         // Keeps the table as small as the live keys, and the timeline's span honest.

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, TestApp};
+use crate::helpers::{assert_error, connect, TestApp};
 
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/fixtures/upstream/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -808,4 +808,61 @@ async fn racing_updates_of_one_record_form_one_unbroken_history() {
     let (_, current) = app.call(Method::GET, "/observations/shared", Some(&admin), None).await;
     assert_eq!(current["version"], revisions[0]["version"]);
     assert_eq!(current["data"], revisions[0]["data"]);
+}
+
+/// A connection keeps its plan of each commit statement, and makes it while the tables may still
+/// be empty; the group commit's lookups must probe an index per key however large the tables grow.
+#[actix_web::test]
+async fn the_commits_lookups_are_planned_as_index_probes_on_empty_tables() {
+    use synkronus::db::commit::{keyed_statements, INDEX_PROBES_ONLY_SQL};
+    let app = TestApp::spawn().await;
+    let db = connect(&app.db_conn).await;
+    // The worst case: statistics that say every table is empty.
+    db.batch_execute("ANALYZE records, record_revisions, transmissions").await.expect("analyze");
+    let generic_plans = |probes_only: bool| {
+        let db = &db;
+        async move {
+            db.batch_execute("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan").await.expect("begin");
+            if probes_only {
+                db.execute(INDEX_PROBES_ONLY_SQL, &[]).await.expect("planner settings");
+            }
+            let mut plans = Vec::new();
+            for (i, sql) in keyed_statements().iter().enumerate() {
+                db.batch_execute(&format!("PREPARE lookup{i} AS {sql}")).await.expect("prepare");
+                let params: i32 = db
+                    .query_one(
+                        "SELECT cardinality(parameter_types) FROM pg_prepared_statements WHERE name = $1",
+                        &[&format!("lookup{i}")],
+                    )
+                    .await
+                    .expect("parameters")
+                    .get(0);
+                let nulls = vec!["NULL"; params as usize].join(", ");
+                let lines =
+                    db.query(&format!("EXPLAIN EXECUTE lookup{i}({nulls})"), &[]).await.expect("explain");
+                plans.push((sql.to_string(), lines.iter().map(|l| l.get(0)).collect::<Vec<String>>()));
+            }
+            db.batch_execute("ROLLBACK; DEALLOCATE ALL").await.expect("rollback");
+            plans
+        }
+    };
+    // Each read of a table must be an index or TID scan with a condition on its key.
+    let probes_by_key = |plan: &[String]| {
+        plan.iter().enumerate().all(|(i, line)| {
+            let reads_a_table = ["records", "record_revisions", "transmissions"]
+                .iter()
+                .any(|t| line.contains(&format!(" on {t} ")) && line.contains("Scan"));
+            let next = plan.get(i + 1).map(String::as_str).unwrap_or("");
+            !reads_a_table
+                || line.contains("Bitmap Heap Scan")
+                || ((line.contains("Index Scan") || line.contains("Tid Scan"))
+                    && (next.contains("Index Cond") || next.contains("TID Cond")))
+        })
+    };
+    // Without the settings the planner does read whole tables here, so the check can fail.
+    let unguarded = generic_plans(false).await;
+    assert!(!unguarded.iter().all(|(_, plan)| probes_by_key(plan)), "{unguarded:#?}");
+    for (sql, plan) in generic_plans(true).await {
+        assert!(probes_by_key(&plan), "{sql}\n{}", plan.join("\n"));
+    }
 }
