@@ -27,7 +27,7 @@ use crate::crash::{
     absorb_page, finish_storm, retry_and_verify, start_storm, wait_for_acks, REQUEST_TIMEOUT,
 };
 use crate::helpers::{
-    assert_error, cluster, free_port, fresh_database, small_bundle, Api, ChildServer, S3Server,
+    assert_error, cluster, connect, free_port, fresh_database, small_bundle, Api, ChildServer, S3Server,
 };
 
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
@@ -470,6 +470,28 @@ async fn a_job_whose_node_is_killed_becomes_failed(
     }
 }
 
+/// Waits until a session of `node` waits for an advisory lock (a group commit at the change-log
+/// lock).
+async fn wait_for_a_commit_waiting_on(db_conn: &str, node: &str) {
+    let db = connect(db_conn).await;
+    for _ in 0..600 {
+        let waiting: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = $1 AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+                &[&node],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{node} never had a commit waiting for the change-log lock");
+}
+
 #[actix_web::test]
 async fn three_nodes_behind_nginx_behave_as_one_server() {
     let db = fresh_database().await;
@@ -491,7 +513,9 @@ async fn three_nodes_behind_nginx_behave_as_one_server() {
         let slots = if name == "node-b" { "1" } else { "2" };
         let mut env = vec![("NODE_ID", name), ("DB_POOL_SIZE", "8"), ("EXPORT_MAX_CONCURRENT", slots)];
         env.extend(s3_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        nodes.push(ChildServer::start(&db_conn, &data_root, log, &env).await);
+        // Named, so that the test can see which node's sessions wait for what.
+        let node_conn = format!("{db_conn} application_name={name}");
+        nodes.push(ChildServer::start(&node_conn, &data_root, log, &env).await);
         data_roots.push(data_root);
     }
     let ports: Vec<u16> = nodes
@@ -518,7 +542,16 @@ async fn three_nodes_behind_nginx_behave_as_one_server() {
     let pullers = extra_pullers(&lb, &token, stop_pullers.clone());
     wait_for_acks(&storm.acked, 40).await;
     let before_kill = storm.acked.load(Ordering::SeqCst);
+    // The kill must cut a push off, however fast commits are: the change-log lock is held here
+    // until node C has a group commit waiting for it, so C dies with pushes in flight.
+    let mut holder = connect(&db_conn).await;
+    let held = holder.transaction().await.expect("begin");
+    held.execute("SELECT pg_advisory_xact_lock($1)", &[&synkronus::db::records::CHANGELOG_LOCK])
+        .await
+        .expect("take the change-log lock");
+    wait_for_a_commit_waiting_on(&db_conn, NODES[2]).await;
     nodes[2].kill().await;
+    held.commit().await.expect("release the change-log lock");
     wait_for_acks(&storm.acked, before_kill + 60).await;
     let (outcomes, pulled) = finish_storm(storm).await;
     stop_pullers.store(true, Ordering::SeqCst);
