@@ -33,7 +33,7 @@ const TRANSMISSIONS_SQL: &str = "SELECT t.client_id, t.transmission_id, t.finger
 /// tables are small, when reading a table whole is the cheapest way. Such a plan is kept as the
 /// table grows, until autovacuum next analyses it (a minute or more): the lookup of transmissions
 /// went on scanning every stored one, under the change-log lock, 3 ms of every group commit 20 s
-/// into a push storm (BENCHMARKS.md, "The commit's lookups"). Every lookup of a commit is by key,
+/// into a push storm (BENCHMARKS.md, "Round 4, third pass"). Every lookup of a commit is by key,
 /// so its plans are made with whole-table reads and hash or merge joins priced out. `SET LOCAL`:
 /// the connection's other work is planned as before.
 pub const INDEX_PROBES_ONLY_SQL: &str = "SELECT set_config('enable_seqscan', 'off', true),
