@@ -389,7 +389,8 @@ async fn copy_current_rows(
 }
 
 /// `created_by` stays: the record keeps the owner of its first revision. Each row is found by one
-/// index probe (as in `TRANSMISSIONS_SQL`) and updated where that probe found it.
+/// index probe (as in `TRANSMISSIONS_SQL`) and updated where that probe found it: sound because
+/// every writer of `records` holds the change-log lock, so no row moves between probe and update.
 static UPDATE_CURRENT_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE records SET
