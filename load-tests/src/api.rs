@@ -62,6 +62,35 @@ pub struct Resp {
     pub status: u16,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// The body's length as received: less than `body`'s when it came gzipped and was inflated.
+    pub wire_bytes: u64,
+}
+
+/// Why a body could not be read.
+enum BodyError {
+    Transport(reqwest::Error),
+    Inflate(std::io::Error),
+}
+
+/// The body of `r`. With `inflate`, a gzipped body is inflated chunk by chunk as it arrives, as
+/// Android's and Go's HTTP stacks do, so that the client inflates one part while the server still
+/// sends the next; the latency recorded then includes the inflating.
+async fn read_body(r: reqwest::Response, inflate: bool) -> Result<(Bytes, u64), BodyError> {
+    if !inflate || header_str(r.headers(), "content-encoding").as_deref() != Some("gzip") {
+        let body = r.bytes().await.map_err(BodyError::Transport)?;
+        let wire_bytes = body.len() as u64;
+        return Ok((body, wire_bytes));
+    }
+    let mut wire_bytes = 0u64;
+    let mut inflater = flate2::write::GzDecoder::new(Vec::new());
+    let mut stream = r.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(BodyError::Transport)?;
+        wire_bytes += chunk.len() as u64;
+        std::io::Write::write_all(&mut inflater, &chunk).map_err(BodyError::Inflate)?;
+    }
+    let json = inflater.finish().map_err(BodyError::Inflate)?;
+    Ok((Bytes::from(json), wire_bytes))
 }
 
 /// Result of a streamed download: never buffered, hashed on the fly.
@@ -350,6 +379,21 @@ impl Api {
     where
         F: Fn(&Client, &str) -> RequestBuilder,
     {
+        self.exec_reading(kind, auth, expected, false, build).await
+    }
+
+    /// `exec_expecting`, inflating a gzipped body as it arrives when `inflate` ([`read_body`]).
+    async fn exec_reading<F>(
+        &self,
+        kind: &str,
+        auth: bool,
+        expected: Option<u16>,
+        inflate: bool,
+        build: F,
+    ) -> Result<Resp, Fail>
+    where
+        F: Fn(&Client, &str) -> RequestBuilder,
+    {
         let mut retried = false;
         loop {
             let token = self.token();
@@ -376,16 +420,20 @@ impl Api {
                 return Err(Fail::Status(401, Bytes::new()));
             }
             let headers = r.headers().clone();
-            let body = match r.bytes().await {
-                Ok(b) => b,
-                Err(e) => {
+            let (body, wire_bytes) = match read_body(r, inflate && success(status)).await {
+                Ok(read) => read,
+                Err(BodyError::Transport(e)) => {
                     self.stats.record(kind, start, transport_outcome(&e));
                     return Err(Fail::Transport(e.to_string()));
+                }
+                Err(BodyError::Inflate(e)) => {
+                    self.stats.record(kind, start, Outcome::Decode);
+                    return Err(Fail::Decode(format!("gzip: {e}")));
                 }
             };
             if success(status) {
                 self.stats.record(kind, start, Outcome::Ok);
-                return Ok(Resp { status, headers, body });
+                return Ok(Resp { status, headers, body, wire_bytes });
             }
             let outcome = if expected == Some(status) { Outcome::Ok } else { Outcome::Status(status) };
             self.stats.record(kind, start, outcome);
@@ -471,7 +519,7 @@ impl Api {
 
     /// `POST /sync/pull` in the synkronus dialect (`since.version` is the cursor, exactly what
     /// Formulus sends), answered as bytes: with `gzip`, the request accepts
-    /// `Content-Encoding: gzip` and a gzipped answer is inflated here.
+    /// `Content-Encoding: gzip` and a gzipped answer is inflated as it arrives.
     pub async fn pull_body(
         &self,
         kind: &str,
@@ -488,7 +536,7 @@ impl Api {
         }
         let body = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
         let resp = self
-            .exec(kind, true, |c, _| {
+            .exec_reading(kind, true, None, gzip, |c, _| {
                 let rb = c.post(&url).header("content-type", "application/json").body(body.clone());
                 if gzip {
                     rb.header("accept-encoding", "gzip")
@@ -497,20 +545,7 @@ impl Api {
                 }
             })
             .await?;
-        let wire_bytes = resp.body.len() as u64;
-        if header_str(&resp.headers, "content-encoding").as_deref() != Some("gzip") {
-            return Ok(PullBody { wire_bytes, json: resp.body });
-        }
-        let mut json = Vec::with_capacity(resp.body.len() * 5);
-        let inflated =
-            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&resp.body[..]), &mut json);
-        match inflated {
-            Ok(_) => Ok(PullBody { wire_bytes, json: Bytes::from(json) }),
-            Err(e) => {
-                self.stats.record(kind, Instant::now(), Outcome::Decode);
-                Err(Fail::Decode(format!("gzip: {e}")))
-            }
-        }
+        Ok(PullBody { wire_bytes: resp.wire_bytes, json: resp.body })
     }
 
     /// `POST /sync/push` with a fresh transmission id, as Formulus does on every attempt.
@@ -658,6 +693,38 @@ impl Api {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
+
+    /// A response whose body arrives in `pieces` of 7 bytes, with `Content-Encoding: gzip`.
+    fn gzipped_response(packed: &[u8]) -> reqwest::Response {
+        let pieces: Vec<std::io::Result<Bytes>> =
+            packed.chunks(7).map(|piece| Ok(Bytes::copy_from_slice(piece))).collect();
+        let body = reqwest::Body::wrap_stream(futures_util::stream::iter(pieces));
+        http::Response::builder().header("content-encoding", "gzip").body(body).expect("response").into()
+    }
+
+    #[tokio::test]
+    async fn a_gzipped_body_is_inflated_as_it_arrives_and_counted_as_sent() {
+        let json = br#"{"observation_id":"a","data":{"n":1}},"#.repeat(200);
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(&json).expect("gzip");
+        let packed = encoder.finish().expect("gzip");
+
+        let Ok((body, wire_bytes)) = read_body(gzipped_response(&packed), true).await else {
+            panic!("the body should inflate");
+        };
+        assert_eq!(body.as_ref(), json.as_slice());
+        assert_eq!(wire_bytes, packed.len() as u64);
+
+        let Ok((body, wire_bytes)) = read_body(gzipped_response(&packed), false).await else {
+            panic!("the body should be read as it came");
+        };
+        assert_eq!(body.as_ref(), packed.as_slice());
+        assert_eq!(wire_bytes, packed.len() as u64);
+
+        let cut = &packed[..packed.len() - 12];
+        assert!(matches!(read_body(gzipped_response(cut), true).await, Err(BodyError::Inflate(_))));
+    }
 
     #[test]
     fn a_raw_page_is_read_from_its_outer_fields() {
