@@ -74,6 +74,13 @@ pub fn group_commit(pushes: usize) {
     histogram!("synkronus_changelog_group_commit_size").record(pushes as f64);
 }
 
+/// A group written ahead of the commit before it: committed so, or rolled back and committed the
+/// usual way (`outcome` is `committed` or `redone`).
+pub fn commit_ahead(committed: bool) {
+    let outcome = if committed { "committed" } else { "redone" };
+    counter!("synkronus_changelog_commits_written_ahead_total", "outcome" => outcome).increment(1);
+}
+
 pub fn changelog_head(head: i64) {
     gauge!("synkronus_changelog_head").set(head as f64);
 }

@@ -3,12 +3,14 @@
 //! commit: one transaction, under one advisory lock, that assigns change_ids in order, writes
 //! records, revisions and transmission results, moves the head, commits, then answers each sender.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Instant;
 
 use actix::prelude::*;
 use chrono::{SubsecRound, Utc};
 use deadpool_postgres::Pool;
+use futures_util::future::{FutureExt, Shared};
 use tokio::sync::oneshot;
 
 use crate::db::attachments::{self, AttachmentRow, NewAttachment};
@@ -113,32 +115,113 @@ pub struct ChangeLog {
     /// Commits started and not yet answered: at most two, one per connection of the change log.
     in_flight: usize,
     /// The commit still writing, if any (by its number): the next one starts once it has sent its
-    /// COMMIT, so that one's reads, plan and wait for the lock overlap this one's WAL flush.
+    /// COMMIT, so that one's reads, plan and wait for the lock overlap this one's WAL flush, unless
+    /// it can be written ahead of it (see [`Tail`]).
     writing: Option<u64>,
+    /// The last push group started, while nothing but pushes follows it.
+    tail: Option<Tail>,
     started: u64,
+}
+
+/// The last push group started. Once it holds the lock and has planned, the next group may write
+/// its rows ahead of it: it reads and writes without the lock, with change_ids from the planned
+/// head on, then takes the lock once this one has committed and commits if the head is still the
+/// one planned (nothing else committed in between); otherwise it rolls back and commits the usual
+/// way. Its reads cannot miss this group's writes: its pushes name no record and no transmission
+/// this group names (`keys`), and the lock holds everything else still.
+struct Tail {
+    id: u64,
+    keys: BatchKeys,
+    planned: Option<Head>,
+    committed: Shared<oneshot::Receiver<()>>,
+    followed: bool,
+}
+
+/// The records and transmissions a group names, as hashes: a collision only costs a group its
+/// chance to be written ahead.
+#[derive(Default)]
+struct BatchKeys(HashSet<u64>);
+
+impl BatchKeys {
+    fn of(push: &Push) -> impl Iterator<Item = u64> + '_ {
+        let records = push.records.iter().map(|r| hash_of(&(0u8, r.id.as_str())));
+        let transmission =
+            push.transmission_id.as_deref().map(|t| hash_of(&(1u8, push.client_id.as_str(), t)));
+        records.chain(transmission)
+    }
+
+    fn add(&mut self, push: &Push) {
+        self.0.extend(Self::of(push));
+    }
+
+    fn overlaps(&self, push: &Push) -> bool {
+        Self::of(push).any(|k| self.0.contains(&k))
+    }
+}
+
+fn hash_of(key: &impl Hash) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What a commit tells the change log as it goes.
+#[derive(Default)]
+struct Signals {
+    /// It holds the lock and has planned: the head and generation it commits.
+    planned: Option<oneshot::Sender<Head>>,
+    /// Its writes are done and its COMMIT is being sent.
+    wrote: Option<oneshot::Sender<()>>,
+    /// Its COMMIT succeeded.
+    committed: Option<oneshot::Sender<()>>,
+}
+
+impl Signals {
+    fn planned(&mut self, head: Head) {
+        if let Some(s) = self.planned.take() {
+            let _ = s.send(head);
+        }
+    }
+
+    fn wrote(&mut self) {
+        if let Some(s) = self.wrote.take() {
+            let _ = s.send(());
+        }
+    }
+
+    fn committed(&mut self) {
+        if let Some(s) = self.committed.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// The commit a group is written ahead of: the head it plans to commit, and its COMMIT's outcome.
+struct Ahead {
+    base: Head,
+    predecessor: Shared<oneshot::Receiver<()>>,
 }
 
 impl ChangeLog {
     pub fn new(pool: Pool) -> Self {
-        ChangeLog { pool, pending: VecDeque::new(), in_flight: 0, writing: None, started: 0 }
+        ChangeLog { pool, pending: VecDeque::new(), in_flight: 0, writing: None, tail: None, started: 0 }
     }
 
-    /// Starts the next commit unless one is still writing or both connections are busy: a group
-    /// of waiting pushes, or one attachment or reset (which counts as writing until it is done).
+    /// Starts the next commit unless both connections are busy: once nothing is writing, a group
+    /// of waiting pushes, or one attachment or reset (which counts as writing until it is done);
+    /// while a push group is writing, a group written ahead of it.
     fn commit_next(&mut self, ctx: &mut Context<Self>) {
-        if self.writing.is_some() || self.in_flight >= 2 || self.pending.is_empty() {
+        if self.in_flight >= 2 || self.pending.is_empty() {
             return;
         }
-        self.started += 1;
-        let id = self.started;
-        self.writing = Some(id);
-        self.in_flight += 1;
-        let pool = self.pool.clone();
-        let done = move |act: &mut Self, ctx: &mut Context<Self>| {
-            act.in_flight -= 1;
-            act.writes_done(id, ctx);
-        };
+        if self.writing.is_some() {
+            self.write_ahead(ctx);
+            return;
+        }
         if let Some(waiting) = self.pending.pop_front_if(|w| !matches!(w, Waiting::Push(..))) {
+            let id = self.begin();
+            self.tail = None;
+            let pool = self.pool.clone();
             let work = async move {
                 match waiting {
                     Waiting::Attachment(msg, reply) => {
@@ -147,40 +230,101 @@ impl ChangeLog {
                     Waiting::Reset(origin, reply) => {
                         let _ = reply.send(reset(&pool, &origin).await);
                     }
-                    Waiting::Push(p) => commit_and_reply(pool, vec![p], None).await,
+                    Waiting::Push(p) => commit_and_reply(pool, vec![p], Signals::default(), None).await,
                 }
             };
-            ctx.spawn(actix::fut::wrap_future::<_, Self>(work).map(move |_, act, ctx| done(act, ctx)));
+            ctx.spawn(
+                actix::fut::wrap_future::<_, Self>(work).map(move |_, act, ctx| act.commit_done(id, ctx)),
+            );
             return;
         }
+        let (batch, keys) = self.take_pushes(|_| true);
+        self.start_group(batch, keys, None, ctx);
+    }
+
+    /// Starts a group written ahead of the tail, if it holds the lock with its plan made and the
+    /// pushes at the front of the queue name none of its records and transmissions.
+    fn write_ahead(&mut self, ctx: &mut Context<Self>) {
+        let Some(tail) = self.tail.take_if(|t| !t.followed && self.writing == Some(t.id)) else {
+            return;
+        };
+        let Some(base) = tail.planned else {
+            self.tail = Some(tail);
+            return;
+        };
+        let (batch, keys) = self.take_pushes(|push| !tail.keys.overlaps(push));
+        if batch.is_empty() {
+            self.tail = Some(Tail { followed: false, ..tail });
+            return;
+        }
+        let ahead = Ahead { base, predecessor: tail.committed.clone() };
+        self.start_group(batch, keys, Some(ahead), ctx);
+    }
+
+    /// Takes waiting pushes from the front, within a group commit's bounds, while `fits` accepts them.
+    fn take_pushes(&mut self, fits: impl Fn(&Push) -> bool) -> (Vec<Pending>, BatchKeys) {
         let mut batch = Vec::new();
+        let mut keys = BatchKeys::default();
         let mut records = 0;
         let mut bytes = 0;
         while let Some(Waiting::Push(next)) = self.pending.front() {
             let n = next.push.records.len();
             let size = next.push.data_bytes();
-            if !batch.is_empty()
-                && (batch.len() >= MAX_PUSHES_PER_COMMIT
-                    || records + n > MAX_RECORDS_PER_COMMIT
-                    || bytes + size > MAX_DATA_BYTES_PER_COMMIT)
+            if !fits(&next.push)
+                || (!batch.is_empty()
+                    && (batch.len() >= MAX_PUSHES_PER_COMMIT
+                        || records + n > MAX_RECORDS_PER_COMMIT
+                        || bytes + size > MAX_DATA_BYTES_PER_COMMIT))
             {
                 break;
             }
             records += n;
             bytes += size;
             if let Some(Waiting::Push(p)) = self.pending.pop_front() {
+                keys.add(&p.push);
                 batch.push(p);
             }
         }
-        let (wrote, written) = oneshot::channel();
+        (batch, keys)
+    }
+
+    fn begin(&mut self) -> u64 {
+        self.started += 1;
+        self.writing = Some(self.started);
+        self.in_flight += 1;
+        self.started
+    }
+
+    /// Starts a push group, which becomes the tail.
+    fn start_group(&mut self, batch: Vec<Pending>, keys: BatchKeys, ahead: Option<Ahead>, ctx: &mut Context<Self>) {
+        let id = self.begin();
+        let (planned, planned_rx) = oneshot::channel();
+        let (wrote, wrote_rx) = oneshot::channel();
+        let (committed, committed_rx) = oneshot::channel();
+        self.tail = Some(Tail { id, keys, planned: None, committed: committed_rx.shared(), followed: false });
+        let signals = Signals { planned: Some(planned), wrote: Some(wrote), committed: Some(committed) };
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(planned_rx).map(move |head, act, ctx| {
+            if let (Ok(head), Some(tail)) = (head, act.tail.as_mut()) {
+                if tail.id == id {
+                    tail.planned = Some(head);
+                    act.commit_next(ctx);
+                }
+            }
+        }));
         // A commit that fails before its COMMIT drops `wrote`: the next one may start all the same.
         ctx.spawn(
-            actix::fut::wrap_future::<_, Self>(written).map(move |_, act, ctx| act.writes_done(id, ctx)),
+            actix::fut::wrap_future::<_, Self>(wrote_rx).map(move |_, act, ctx| act.writes_done(id, ctx)),
         );
+        let pool = self.pool.clone();
         ctx.spawn(
-            actix::fut::wrap_future::<_, Self>(commit_and_reply(pool, batch, Some(wrote)))
-                .map(move |_, act, ctx| done(act, ctx)),
+            actix::fut::wrap_future::<_, Self>(commit_and_reply(pool, batch, signals, ahead))
+                .map(move |_, act, ctx| act.commit_done(id, ctx)),
         );
+    }
+
+    fn commit_done(&mut self, id: u64, ctx: &mut Context<Self>) {
+        self.in_flight -= 1;
+        self.writes_done(id, ctx);
     }
 
     fn writes_done(&mut self, id: u64, ctx: &mut Context<Self>) {
@@ -270,12 +414,11 @@ async fn commit_attachment(pool: &Pool, new: NewAttachment) -> ApiResult<Attachm
 
 /// Commits a batch; if the batch as a whole fails for a reason other than the database being
 /// away, each push is retried alone so that one bad push cannot fail the others.
-/// `wrote` is told when the group's writes are done and its COMMIT is sent.
-async fn commit_and_reply(pool: Pool, batch: Vec<Pending>, wrote: Option<oneshot::Sender<()>>) {
+async fn commit_and_reply(pool: Pool, batch: Vec<Pending>, mut signals: Signals, ahead: Option<Ahead>) {
     crate::monitoring::group_commit(batch.len());
     let pushes: Vec<&Push> = batch.iter().map(|p| &p.push).collect();
     let mut phases = phases_of(&batch);
-    match commit(&pool, &pushes, &mut phases, wrote).await {
+    match commit(&pool, &pushes, &mut phases, &mut signals, ahead).await {
         Ok(outcomes) => {
             for (pending, outcome) in batch.into_iter().zip(outcomes) {
                 let _ = pending.reply.send(outcome);
@@ -287,7 +430,8 @@ async fn commit_and_reply(pool: Pool, batch: Vec<Pending>, wrote: Option<oneshot
             tracing::warn!(error = %e, cause = %e.cause_chain(), pushes = batch.len(),
                 "group commit failed; committing its pushes one by one");
             for pending in batch {
-                let outcome = match commit(&pool, &[&pending.push], &mut phases_of(&[]), None).await {
+                let mut signals = Signals::default();
+                let outcome = match commit(&pool, &[&pending.push], &mut phases_of(&[]), &mut signals, None).await {
                     Ok(mut outcomes) => {
                         outcomes.pop().unwrap_or_else(|| Err(ApiError::internal("empty commit")))
                     }
@@ -313,15 +457,33 @@ async fn commit_and_reply(pool: Pool, batch: Vec<Pending>, wrote: Option<oneshot
 }
 
 /// One transaction for the whole batch: reads what the plan needs, writes what it planned. The
-/// outer error fails the batch; inner errors are per push.
+/// outer error fails the batch; inner errors are per push. With `ahead`, the batch is first
+/// written ahead of the commit before it, and committed the usual way if that does not hold.
 async fn commit(
     pool: &Pool,
     pushes: &[&Push],
     phases: &mut CommitPhases,
-    wrote: Option<oneshot::Sender<()>>,
+    signals: &mut Signals,
+    ahead: Option<Ahead>,
 ) -> ApiResult<Vec<ApiResult<PushOutcome>>> {
     let mut client = pool.get().await?;
     phases.lap("connection");
+    if let Some(ahead) = ahead {
+        let tx = client.transaction().await?;
+        match commit_ahead(tx, pushes, ahead, phases, signals).await {
+            Ok(Some(outcomes)) => {
+                crate::monitoring::commit_ahead(true);
+                return Ok(outcomes);
+            }
+            Ok(None) => crate::monitoring::commit_ahead(false),
+            Err(e) if e.code == ErrorCode::ServiceUnavailable => return Err(e),
+            Err(e) => {
+                // A row another process writes (the transaction then rolls back as it is dropped).
+                tracing::debug!(error = %e, cause = %e.cause_chain(), "writing ahead failed");
+                crate::monitoring::commit_ahead(false);
+            }
+        }
+    }
     let tx = client.transaction().await?;
     phases.lap("begin");
     // The records of every push are read as if all applied: replays are rare, and reading with
@@ -342,17 +504,59 @@ async fn commit(
     // Server time is the commit time; microseconds, as the database stores it.
     let now = Utc::now().trunc_subsecs(6);
     let plan = plan::plan(pushes, &decisions, &states, head, repository_generation, now);
+    signals.planned(Head { change_id: plan.head, repository_generation });
     // Records that existed before this batch and that it overwrites: their current state is
     // archived as a superseded revision.
     let overwritten: Vec<&str> = states.keys().map(String::as_str).collect();
     phases.lap("plan");
     commit::write_plan(&tx, pushes, &plan, &overwritten, now, phases).await?;
-    if let Some(wrote) = wrote {
-        let _ = wrote.send(());
-    }
+    signals.wrote();
     tx.commit().await?;
+    signals.committed();
     phases.lap("commit");
     Ok(plan.outcomes(decisions).into_iter().map(answer).collect())
+}
+
+/// Writes a batch of new records ahead of the commit before it (see [`Tail`]): `None` when it
+/// rolled back because the batch overwrites stored records, the commit before failed, or another
+/// commit came in between; the caller then commits it the usual way.
+async fn commit_ahead(
+    tx: deadpool_postgres::Transaction<'_>,
+    pushes: &[&Push],
+    ahead: Ahead,
+    phases: &mut CommitPhases,
+    signals: &mut Signals,
+) -> ApiResult<Option<Vec<ApiResult<PushOutcome>>>> {
+    let (clients, transmission_ids) = plan::transmission_keys(pushes);
+    let (ids, need_data) = plan::records_to_read(pushes, &vec![Decision::Apply; pushes.len()]);
+    let (transmissions, states) = commit::read_ahead(&tx, &clients, &transmission_ids, &ids, &need_data).await?;
+    phases.lap("read_ahead");
+    if !states.is_empty() {
+        // Overwrites move the kept statistics by the stored rows, which needs the lock first.
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let Head { change_id: head, repository_generation } = ahead.base;
+    let decisions = plan::decide(pushes, transmissions, repository_generation);
+    let now = Utc::now().trunc_subsecs(6);
+    let plan = plan::plan(pushes, &decisions, &states, head, repository_generation, now);
+    signals.planned(Head { change_id: plan.head, repository_generation });
+    phases.lap("plan");
+    commit::write_ahead(&tx, pushes, &plan, now, phases).await?;
+    let predecessor_committed = ahead.predecessor.await.is_ok();
+    phases.lap("wait_for_predecessor");
+    if !predecessor_committed || !commit::try_lock_at(&tx, ahead.base).await? {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    phases.lap("lock");
+    commit::finish_ahead(&tx, &plan).await?;
+    phases.lap("statistics_head");
+    signals.wrote();
+    tx.commit().await?;
+    signals.committed();
+    phases.lap("commit");
+    Ok(Some(plan.outcomes(decisions).into_iter().map(answer).collect()))
 }
 
 /// A planned outcome as the sender's answer.

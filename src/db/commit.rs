@@ -9,12 +9,13 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Transaction};
 use serde_json::Value;
-use tokio_postgres::types::{Json, ToSql, Type};
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::SinkExt;
+use tokio_postgres::types::{IsNull, Json, ToSql, Type};
 
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
 
 use super::records::{self, raw_json, Head};
-use crate::db::{stats, DbResult};
+use crate::db::{stats, DbError, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
 use crate::monitoring::CommitPhases;
 
@@ -87,33 +88,135 @@ pub async fn lock_and_read(
     )?;
     Ok(PlanInputs {
         head: Head { change_id: head.get(0), repository_generation: head.get(1) },
-        transmissions: transmissions
-            .iter()
-            .filter_map(|r| {
-                let result: Value = r.get(3);
-                Some(StoredTransmission {
-                    client_id: r.get(0),
-                    transmission_id: r.get(1),
-                    fingerprint: r.get(2),
-                    result: serde_json::from_value(result).ok()?,
-                })
-            })
-            .collect(),
-        states: states
-            .iter()
-            .map(|r| {
-                (
-                    r.get::<_, String>(0),
-                    CurrentState {
-                        change_id: r.get(1),
-                        created_at: r.get(2),
-                        created_by: r.get(3),
-                        data: r.get::<_, Option<String>>(4).map(raw_json),
-                    },
-                )
-            })
-            .collect(),
+        transmissions: stored_transmissions(&transmissions),
+        states: current_states(&states),
     })
+}
+
+/// The reads of a commit written ahead of the lock (see `actors::change_log`): what
+/// [`lock_and_read`] reads, without the lock and the head, in one round trip. A row lock the
+/// transaction would wait for longer than a second fails it instead: it may belong to a commit
+/// that waits for this one's predecessor, a wait PostgreSQL cannot see.
+pub async fn read_ahead(
+    tx: &Transaction<'_>,
+    client_ids: &[String],
+    transmission_ids: &[String],
+    ids: &[&str],
+    need_data: &[&str],
+) -> DbResult<(Vec<StoredTransmission>, HashMap<String, CurrentState>)> {
+    let (probes_only, transmissions, states) = futures_util::try_join!(
+        tx.prepare_cached(INDEX_PROBES_ONLY_SQL),
+        tx.prepare_cached(TRANSMISSIONS_SQL),
+        tx.prepare_cached(STATES_SQL),
+    )?;
+    let keys: &[&Param<'_>] = &[&client_ids, &transmission_ids];
+    let wanted: &[&Param<'_>] = &[&ids, &need_data];
+    let (_, _, transmissions, states) = futures_util::try_join!(
+        tx.execute(&probes_only, &[]),
+        tx.batch_execute("SET LOCAL lock_timeout = '1s'"),
+        tx.query(&transmissions, keys),
+        tx.query(&states, wanted),
+    )?;
+    Ok((stored_transmissions(&transmissions), current_states(&states)))
+}
+
+fn stored_transmissions(rows: &[tokio_postgres::Row]) -> Vec<StoredTransmission> {
+    rows.iter()
+        .filter_map(|r| {
+            let result: Value = r.get(3);
+            Some(StoredTransmission {
+                client_id: r.get(0),
+                transmission_id: r.get(1),
+                fingerprint: r.get(2),
+                result: serde_json::from_value(result).ok()?,
+            })
+        })
+        .collect()
+}
+
+fn current_states(rows: &[tokio_postgres::Row]) -> HashMap<String, CurrentState> {
+    rows.iter()
+        .map(|r| {
+            (
+                r.get::<_, String>(0),
+                CurrentState {
+                    change_id: r.get(1),
+                    created_at: r.get(2),
+                    created_by: r.get(3),
+                    data: r.get::<_, Option<String>>(4).map(raw_json),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Takes the change-log lock if it is free, then reads the head, in one round trip (two
+/// statements, so that the head is read in a snapshot taken after the lock). True when the lock is
+/// held and the head is `expected`: nothing was committed since the commit this one wrote ahead of.
+pub async fn try_lock_at(tx: &Transaction<'_>, expected: Head) -> DbResult<bool> {
+    let (try_lock, head) =
+        futures_util::try_join!(tx.prepare_cached(records::TRY_LOCK_SQL), tx.prepare_cached(records::HEAD_SQL))?;
+    let lock_params: &[&Param<'_>] = &[&records::CHANGELOG_LOCK];
+    let (locked, head) = futures_util::try_join!(tx.query_one(&try_lock, lock_params), tx.query_one(&head, &[]))?;
+    Ok(locked.get::<_, bool>(0)
+        && head.get::<_, i64>(0) == expected.change_id
+        && head.get::<_, i64>(1) == expected.repository_generation)
+}
+
+/// The writes of a plan made ahead of the lock, for a batch of new records only: revisions, the
+/// records' rows and the transmission results, none of which another commit of this process
+/// writes (the change log only writes ahead a batch disjoint from the commit before it).
+pub async fn write_ahead(
+    db: &Transaction<'_>,
+    pushes: &[&Push],
+    plan: &Plan<'_>,
+    synced_at: DateTime<Utc>,
+    phases: &mut CommitPhases,
+) -> DbResult<()> {
+    let b = RevisionBatch::from_plan(plan);
+    if !plan.superseded_in_batch.is_empty() {
+        insert_revision_rows(db, &b.select(&plan.superseded_in_batch), synced_at).await?;
+    }
+    let current = current_revisions(&b, plan);
+    if current.len() == b.change_id.len() && !current.is_empty() {
+        copy_current_rows(db, &b, synced_at).await?;
+    } else if !current.is_empty() {
+        copy_current_rows(db, &b.select(&current), synced_at).await?;
+    }
+    phases.lap("copy");
+    insert_transmissions(db, pushes, plan).await?;
+    phases.lap("transmissions");
+    Ok(())
+}
+
+/// What a plan written ahead still has to write once it holds the lock: the kept statistics
+/// (rows every commit updates) and the head.
+pub async fn finish_ahead(db: &Transaction<'_>, plan: &Plan<'_>) -> DbResult<()> {
+    let b = RevisionBatch::from_plan(plan);
+    let current = current_revisions(&b, plan);
+    let counts = stats::count_changes(
+        db,
+        &[],
+        current.iter().map(|&i| (b.form_type[i], b.created_at[i], b.deleted[i])),
+    );
+    let head = async {
+        if !plan.revisions.is_empty() {
+            let statement = db.prepare_cached(records::SET_HEAD_SQL).await?;
+            db.execute(&statement, &[&plan.head]).await?;
+        }
+        Ok(())
+    };
+    futures_util::try_join!(counts, head)?;
+    Ok(())
+}
+
+/// The revisions of a plan that become current states: every one no later revision replaces.
+fn current_revisions(b: &RevisionBatch<'_>, plan: &Plan<'_>) -> Vec<usize> {
+    let mut superseded = vec![false; b.change_id.len()];
+    for &i in &plan.superseded_in_batch {
+        superseded[i] = true;
+    }
+    (0..b.change_id.len()).filter(|&i| !superseded[i]).collect()
 }
 
 /// Column arrays for one set-based insert of revisions (and, from the last revision of each id,
@@ -280,10 +383,7 @@ pub async fn write_plan(
     phases: &mut CommitPhases,
 ) -> DbResult<()> {
     let b = RevisionBatch::from_plan(plan);
-    let mut superseded = vec![false; b.change_id.len()];
-    for &i in &plan.superseded_in_batch {
-        superseded[i] = true;
-    }
+    let current = current_revisions(&b, plan);
     // First what reads the stored state of the records this batch overwrites.
     let archive = async {
         if !overwritten_ids.is_empty() {
@@ -298,11 +398,10 @@ pub async fn write_plan(
         }
         Ok(())
     };
-    let current = (0..b.change_id.len()).filter(|&i| !superseded[i]);
     let counts = stats::count_changes(
         db,
         overwritten_ids,
-        current.map(|i| (b.form_type[i], b.created_at[i], b.deleted[i])),
+        current.iter().map(|&i| (b.form_type[i], b.created_at[i], b.deleted[i])),
     );
     futures_util::try_join!(archive, in_batch, counts)?;
     phases.lap("revisions_stats");
@@ -311,7 +410,7 @@ pub async fn write_plan(
     // neither needs ON CONFLICT's speculative insertion, nor a sort to keep one row per id.
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
-        (0..b.change_id.len()).filter(|&i| !superseded[i]).partition(|&i| stored.contains(b.record_id[i]));
+        current.into_iter().partition(|&i| stored.contains(b.record_id[i]));
     if inserts.len() == b.change_id.len() && !inserts.is_empty() {
         // Only new records, each once (the usual big push): the batch itself, not a copy of it.
         copy_current_rows(db, &b, synced_at).await?;
@@ -338,10 +437,10 @@ pub async fn write_plan(
     Ok(())
 }
 
-/// New records go in through binary COPY: no parameter arrays to build and unnest, and the rows
-/// stream to the server in small messages instead of one statement of many megabytes. (Sending
-/// them in 256 KB messages instead was measured slower: PostgreSQL then waits for each chunk
-/// instead of inserting rows while the next ones are encoded; BENCHMARKS.md.)
+/// New records go in through binary COPY: no parameter arrays to build and unnest. The rows are
+/// encoded whole before the first byte is sent and then sent in large messages: encoding row by
+/// row as the COPY went left PostgreSQL waiting for the next rows (`ClientRead`) most of the time
+/// it spent on the COPY, and costs a task switch per few rows (BENCHMARKS.md).
 async fn copy_current_rows(
     tx: &Transaction<'_>,
     b: &RevisionBatch<'_>,
@@ -352,40 +451,80 @@ async fn copy_current_rows(
          FROM STDIN (FORMAT binary)",
         records::COPY_COLUMNS
     );
-    let statement = tx.prepare_cached(&statement).await?;
-    let sink = tx.copy_in(&statement).await?;
     let provenance = [Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BOOL];
     let types = [records::COPY_TYPES.as_slice(), &provenance].concat();
-    let writer = BinaryCopyInWriter::new(sink, &types);
-    let mut writer = std::pin::pin!(writer);
+    let mut copy = BinaryCopy::new(&types, b.change_id.len() * 1536);
     for i in 0..b.change_id.len() {
-        writer
-            .as_mut()
-            .write(&[
-                &b.record_id[i],
-                &b.form_type[i],
-                &b.form_version[i],
-                &b.data[i],
-                &b.deleted[i],
-                &b.created_at[i],
-                &b.updated_at[i],
-                &synced_at,
-                &b.geolocation[i],
-                &b.author[i],
-                &b.device_id[i],
-                &b.tags[i],
-                &b.change_id[i],
-                &b.created_by[i],
-                &b.client_id[i],
-                &b.transmission_id[i],
-                &b.pushed_by[i],
-                &b.overwrote_version[i],
-                &b.conflict[i],
-            ])
-            .await?;
+        copy.row(&[
+            &b.record_id[i],
+            &b.form_type[i],
+            &b.form_version[i],
+            &b.data[i],
+            &b.deleted[i],
+            &b.created_at[i],
+            &b.updated_at[i],
+            &synced_at,
+            &b.geolocation[i],
+            &b.author[i],
+            &b.device_id[i],
+            &b.tags[i],
+            &b.change_id[i],
+            &b.created_by[i],
+            &b.client_id[i],
+            &b.transmission_id[i],
+            &b.pushed_by[i],
+            &b.overwrote_version[i],
+            &b.conflict[i],
+        ])?;
     }
-    writer.finish().await?;
+    let statement = tx.prepare_cached(&statement).await?;
+    let sink = tx.copy_in(&statement).await?;
+    let mut sink = std::pin::pin!(sink);
+    let mut body = copy.finish();
+    while !body.is_empty() {
+        let chunk = body.split_to(body.len().min(COPY_MESSAGE_BYTES));
+        sink.as_mut().feed(chunk).await?;
+    }
+    sink.as_mut().finish().await?;
     Ok(())
+}
+
+/// Large enough that a group commit's rows go in a handful of messages.
+const COPY_MESSAGE_BYTES: usize = 256 << 10;
+
+/// A binary COPY body (PostgreSQL's `COPY ... FROM STDIN (FORMAT binary)` format), built in memory.
+struct BinaryCopy<'t> {
+    types: &'t [Type],
+    buf: BytesMut,
+}
+
+impl<'t> BinaryCopy<'t> {
+    fn new(types: &'t [Type], capacity: usize) -> Self {
+        let mut buf = BytesMut::with_capacity(capacity + 32);
+        buf.put_slice(b"PGCOPY\n\xff\r\n\0");
+        buf.put_i32(0); // flags
+        buf.put_i32(0); // header extension length
+        BinaryCopy { types, buf }
+    }
+
+    fn row(&mut self, values: &[&Param<'_>]) -> DbResult<()> {
+        self.buf.put_i16(self.types.len() as i16);
+        for (value, ty) in values.iter().zip(self.types) {
+            let at = self.buf.len();
+            self.buf.put_i32(0);
+            let len = match value.to_sql_checked(ty, &mut self.buf).map_err(DbError::Other)? {
+                IsNull::Yes => -1,
+                IsNull::No => (self.buf.len() - at - 4) as i32,
+            };
+            self.buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Bytes {
+        self.buf.put_i16(-1);
+        self.buf.freeze()
+    }
 }
 
 /// `created_by` stays: the record keeps the owner of its first revision. Each row is found by one

@@ -61,6 +61,7 @@ impl ToSql for JsonText<'_> {
 /// Serialises change_id allocation across server processes sharing one database.
 pub const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
 pub(super) const LOCK_SQL: &str = "SELECT pg_advisory_xact_lock($1)";
+pub(super) const TRY_LOCK_SQL: &str = "SELECT pg_try_advisory_xact_lock($1)";
 pub(super) const HEAD_SQL: &str = "SELECT head, repository_generation FROM change_head";
 pub(super) const SET_HEAD_SQL: &str = "UPDATE change_head SET head = $1";
 
