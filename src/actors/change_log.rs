@@ -120,15 +120,26 @@ pub struct ChangeLog {
     writing: Option<u64>,
     /// The last push group started, while nothing but pushes follows it.
     tail: Option<Tail>,
+    /// Groups to start the usual way before writing one ahead again, and how many the next redo
+    /// will skip: where several processes commit at once, one of them takes the lock between
+    /// almost every two commits of this one, and a group written ahead is then nearly always
+    /// redone, twice the work. After each redo the change log stops trying for twice as many
+    /// groups (up to [`MAX_AHEAD_SKIPS`]); a group committed ahead resets the count.
+    ahead_skips: u32,
+    next_ahead_skips: u32,
     started: u64,
 }
 
-/// The last push group started. Once it holds the lock and has planned, the next group may write
-/// its rows ahead of it: it reads and writes without the lock, with change_ids from the planned
-/// head on, then takes the lock once this one has committed and commits if the head is still the
-/// one planned (nothing else committed in between); otherwise it rolls back and commits the usual
-/// way. Its reads cannot miss this group's writes: its pushes name no record and no transmission
-/// this group names (`keys`), and the lock holds everything else still.
+const MAX_AHEAD_SKIPS: u32 = 64;
+
+/// The last push group started. Once it has planned (under the lock, or from the head the group
+/// before it plans, if it is itself written ahead), the next group may write its rows ahead of
+/// it: it reads and writes without the lock, with change_ids from the planned head on, then tries
+/// the lock once this one has committed and commits if the head and generation are still the
+/// ones planned; otherwise it rolls back and commits the usual way. Its reads cannot miss a write
+/// that matters: its pushes name no record and no transmission this group names (`keys`), the
+/// group before this one has committed when it starts (two commits in flight at most), and any
+/// other commit moves the head it checks. docs/architecture.md, step 3b, has the whole argument.
 struct Tail {
     id: u64,
     keys: BatchKeys,
@@ -168,12 +179,14 @@ fn hash_of(key: &impl Hash) -> u64 {
 /// What a commit tells the change log as it goes.
 #[derive(Default)]
 struct Signals {
-    /// It holds the lock and has planned: the head and generation it commits.
+    /// It has planned: the head and generation it commits, if it commits.
     planned: Option<oneshot::Sender<Head>>,
     /// Its writes are done and its COMMIT is being sent.
     wrote: Option<oneshot::Sender<()>>,
     /// Its COMMIT succeeded.
     committed: Option<oneshot::Sender<()>>,
+    /// Set when it was written ahead: true if it committed so, false if it was redone.
+    committed_ahead: Option<bool>,
 }
 
 impl Signals {
@@ -204,7 +217,16 @@ struct Ahead {
 
 impl ChangeLog {
     pub fn new(pool: Pool) -> Self {
-        ChangeLog { pool, pending: VecDeque::new(), in_flight: 0, writing: None, tail: None, started: 0 }
+        ChangeLog {
+            pool,
+            pending: VecDeque::new(),
+            in_flight: 0,
+            writing: None,
+            tail: None,
+            ahead_skips: 0,
+            next_ahead_skips: 1,
+            started: 0,
+        }
     }
 
     /// Starts the next commit unless both connections are busy: once nothing is writing, a group
@@ -230,7 +252,9 @@ impl ChangeLog {
                     Waiting::Reset(origin, reply) => {
                         let _ = reply.send(reset(&pool, &origin).await);
                     }
-                    Waiting::Push(p) => commit_and_reply(pool, vec![p], Signals::default(), None).await,
+                    Waiting::Push(p) => {
+                        commit_and_reply(pool, vec![p], Signals::default(), None).await;
+                    }
                 }
             };
             ctx.spawn(
@@ -239,12 +263,16 @@ impl ChangeLog {
             return;
         }
         let (batch, keys) = self.take_pushes(|_| true);
+        self.ahead_skips = self.ahead_skips.saturating_sub(1);
         self.start_group(batch, keys, None, ctx);
     }
 
     /// Starts a group written ahead of the tail, if it holds the lock with its plan made and the
     /// pushes at the front of the queue name none of its records and transmissions.
     fn write_ahead(&mut self, ctx: &mut Context<Self>) {
+        if self.ahead_skips > 0 {
+            return;
+        }
         let Some(tail) = self.tail.take_if(|t| !t.followed && self.writing == Some(t.id)) else {
             return;
         };
@@ -296,13 +324,24 @@ impl ChangeLog {
     }
 
     /// Starts a push group, which becomes the tail.
-    fn start_group(&mut self, batch: Vec<Pending>, keys: BatchKeys, ahead: Option<Ahead>, ctx: &mut Context<Self>) {
+    fn start_group(
+        &mut self,
+        batch: Vec<Pending>,
+        keys: BatchKeys,
+        ahead: Option<Ahead>,
+        ctx: &mut Context<Self>,
+    ) {
         let id = self.begin();
         let (planned, planned_rx) = oneshot::channel();
         let (wrote, wrote_rx) = oneshot::channel();
         let (committed, committed_rx) = oneshot::channel();
         self.tail = Some(Tail { id, keys, planned: None, committed: committed_rx.shared(), followed: false });
-        let signals = Signals { planned: Some(planned), wrote: Some(wrote), committed: Some(committed) };
+        let signals = Signals {
+            planned: Some(planned),
+            wrote: Some(wrote),
+            committed: Some(committed),
+            committed_ahead: None,
+        };
         ctx.spawn(actix::fut::wrap_future::<_, Self>(planned_rx).map(move |head, act, ctx| {
             if let (Ok(head), Some(tail)) = (head, act.tail.as_mut()) {
                 if tail.id == id {
@@ -316,10 +355,19 @@ impl ChangeLog {
             actix::fut::wrap_future::<_, Self>(wrote_rx).map(move |_, act, ctx| act.writes_done(id, ctx)),
         );
         let pool = self.pool.clone();
-        ctx.spawn(
-            actix::fut::wrap_future::<_, Self>(commit_and_reply(pool, batch, signals, ahead))
-                .map(move |_, act, ctx| act.commit_done(id, ctx)),
-        );
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(commit_and_reply(pool, batch, signals, ahead)).map(
+            move |committed_ahead, act, ctx| {
+                match committed_ahead {
+                    Some(true) => act.next_ahead_skips = 1,
+                    Some(false) => {
+                        act.ahead_skips = act.next_ahead_skips;
+                        act.next_ahead_skips = (act.next_ahead_skips * 2).min(MAX_AHEAD_SKIPS);
+                    }
+                    None => {}
+                }
+                act.commit_done(id, ctx)
+            },
+        ));
     }
 
     fn commit_done(&mut self, id: u64, ctx: &mut Context<Self>) {
@@ -413,8 +461,14 @@ async fn commit_attachment(pool: &Pool, new: NewAttachment) -> ApiResult<Attachm
 }
 
 /// Commits a batch; if the batch as a whole fails for a reason other than the database being
-/// away, each push is retried alone so that one bad push cannot fail the others.
-async fn commit_and_reply(pool: Pool, batch: Vec<Pending>, mut signals: Signals, ahead: Option<Ahead>) {
+/// away, each push is retried alone so that one bad push cannot fail the others. Returns whether a
+/// batch written ahead committed so (`None` when it was not written ahead).
+async fn commit_and_reply(
+    pool: Pool,
+    batch: Vec<Pending>,
+    mut signals: Signals,
+    ahead: Option<Ahead>,
+) -> Option<bool> {
     crate::monitoring::group_commit(batch.len());
     let pushes: Vec<&Push> = batch.iter().map(|p| &p.push).collect();
     let mut phases = phases_of(&batch);
@@ -427,16 +481,19 @@ async fn commit_and_reply(pool: Pool, batch: Vec<Pending>, mut signals: Signals,
             phases.log();
         }
         Err(e) if batch.len() > 1 && e.code != ErrorCode::ServiceUnavailable => {
+            // A group written ahead of this one gives up now rather than after the retries.
+            signals.committed = None;
             tracing::warn!(error = %e, cause = %e.cause_chain(), pushes = batch.len(),
                 "group commit failed; committing its pushes one by one");
             for pending in batch {
                 let mut signals = Signals::default();
-                let outcome = match commit(&pool, &[&pending.push], &mut phases_of(&[]), &mut signals, None).await {
-                    Ok(mut outcomes) => {
-                        outcomes.pop().unwrap_or_else(|| Err(ApiError::internal("empty commit")))
-                    }
-                    Err(e) => Err(e),
-                };
+                let outcome =
+                    match commit(&pool, &[&pending.push], &mut phases_of(&[]), &mut signals, None).await {
+                        Ok(mut outcomes) => {
+                            outcomes.pop().unwrap_or_else(|| Err(ApiError::internal("empty commit")))
+                        }
+                        Err(e) => Err(e),
+                    };
                 let _ = pending.reply.send(outcome);
             }
         }
@@ -454,6 +511,7 @@ async fn commit_and_reply(pool: Pool, batch: Vec<Pending>, mut signals: Signals,
             }
         }
     }
+    signals.committed_ahead
 }
 
 /// One transaction for the whole batch: reads what the plan needs, writes what it planned. The
@@ -473,6 +531,7 @@ async fn commit(
         match commit_ahead(tx, pushes, ahead, phases, signals).await {
             Ok(Some(outcomes)) => {
                 crate::monitoring::commit_ahead(true);
+                signals.committed_ahead = Some(true);
                 return Ok(outcomes);
             }
             Ok(None) => crate::monitoring::commit_ahead(false),
@@ -483,6 +542,12 @@ async fn commit(
                 crate::monitoring::commit_ahead(false);
             }
         }
+        // A group written ahead of this one planned from the head this attempt would have
+        // committed: it must give up now, not once this batch is redone. Its rows may hold
+        // change_ids that the commit holding the lock now is waiting to insert, while the redo
+        // waits for that commit: a wait PostgreSQL cannot see through this process.
+        signals.committed = None;
+        signals.committed_ahead = Some(false);
     }
     let tx = client.transaction().await?;
     phases.lap("begin");
@@ -529,7 +594,8 @@ async fn commit_ahead(
 ) -> ApiResult<Option<Vec<ApiResult<PushOutcome>>>> {
     let (clients, transmission_ids) = plan::transmission_keys(pushes);
     let (ids, need_data) = plan::records_to_read(pushes, &vec![Decision::Apply; pushes.len()]);
-    let (transmissions, states) = commit::read_ahead(&tx, &clients, &transmission_ids, &ids, &need_data).await?;
+    let (transmissions, states) =
+        commit::read_ahead(&tx, &clients, &transmission_ids, &ids, &need_data).await?;
     phases.lap("read_ahead");
     if !states.is_empty() {
         // Overwrites move the kept statistics by the stored rows, which needs the lock first.

@@ -6,13 +6,12 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
+use bytes::{BufMut, Bytes, BytesMut};
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Transaction};
-use serde_json::Value;
-use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::SinkExt;
+use serde_json::Value;
 use tokio_postgres::types::{IsNull, Json, ToSql, Type};
-
 
 use super::records::{self, raw_json, Head};
 use crate::db::{stats, DbError, DbResult};
@@ -154,10 +153,13 @@ fn current_states(rows: &[tokio_postgres::Row]) -> HashMap<String, CurrentState>
 /// statements, so that the head is read in a snapshot taken after the lock). True when the lock is
 /// held and the head is `expected`: nothing was committed since the commit this one wrote ahead of.
 pub async fn try_lock_at(tx: &Transaction<'_>, expected: Head) -> DbResult<bool> {
-    let (try_lock, head) =
-        futures_util::try_join!(tx.prepare_cached(records::TRY_LOCK_SQL), tx.prepare_cached(records::HEAD_SQL))?;
+    let (try_lock, head) = futures_util::try_join!(
+        tx.prepare_cached(records::TRY_LOCK_SQL),
+        tx.prepare_cached(records::HEAD_SQL)
+    )?;
     let lock_params: &[&Param<'_>] = &[&records::CHANGELOG_LOCK];
-    let (locked, head) = futures_util::try_join!(tx.query_one(&try_lock, lock_params), tx.query_one(&head, &[]))?;
+    let (locked, head) =
+        futures_util::try_join!(tx.query_one(&try_lock, lock_params), tx.query_one(&head, &[]))?;
     Ok(locked.get::<_, bool>(0)
         && head.get::<_, i64>(0) == expected.change_id
         && head.get::<_, i64>(1) == expected.repository_generation)
@@ -406,8 +408,10 @@ pub async fn write_plan(
     futures_util::try_join!(archive, in_batch, counts)?;
     phases.lap("revisions_stats");
     // Each record's last revision in the batch becomes its current state: a plain insert for new
-    // ids and an update for stored ones. Under the change-log lock nobody else writes records, so
-    // neither needs ON CONFLICT's speculative insertion, nor a sort to keep one row per id.
+    // ids and an update for stored ones. Under the change-log lock nobody else commits records, so
+    // neither needs ON CONFLICT's speculative insertion, nor a sort to keep one row per id. (A
+    // group another process writes ahead may hold an uncommitted row of the same new id; the
+    // insert then waits for it to roll back, which it does, not getting the lock this one holds.)
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
         current.into_iter().partition(|&i| stored.contains(b.record_id[i]));
@@ -529,7 +533,8 @@ impl<'t> BinaryCopy<'t> {
 
 /// `created_by` stays: the record keeps the owner of its first revision. Each row is found by one
 /// index probe (as in `TRANSMISSIONS_SQL`) and updated where that probe found it: sound because
-/// every writer of `records` holds the change-log lock, so no row moves between probe and update.
+/// every writer that updates `records` holds the change-log lock (a group written ahead only
+/// inserts new ids), so no row moves between probe and update.
 static UPDATE_CURRENT_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE records SET

@@ -11,6 +11,7 @@ mod bundles;
 mod cli;
 mod clients2026;
 mod cluster;
+mod commit_ahead;
 mod compress;
 mod conventions;
 mod crash;
