@@ -1,20 +1,22 @@
 //! SQL of the change log's group commit (docs/architecture.md, "the commit path of a push"): the
 //! inputs of the plan (stored transmissions and record states) and the writes of a plan
 //! (revisions, current states, transmission results), all in the caller's transaction under the
-//! change-log lock. The plan itself is `domain::sync::plan`.
+//! change-log lock, or, for a group written ahead of the commit before it, partly before the lock
+//! ([`read_ahead`], [`write_ahead`], [`try_lock_at`], [`finish_ahead`]). The plan itself is
+//! `domain::sync::plan`.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use bytes::{BufMut, Bytes, BytesMut};
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Transaction};
-use futures_util::SinkExt;
 use serde_json::Value;
-use tokio_postgres::types::{IsNull, Json, ToSql, Type};
+use tokio_postgres::types::{Json, ToSql, Type};
+
+use tokio_postgres::binary_copy::BinaryCopyInWriter;
 
 use super::records::{self, raw_json, Head};
-use crate::db::{stats, DbError, DbResult};
+use crate::db::{stats, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
 use crate::monitoring::CommitPhases;
 
@@ -179,12 +181,7 @@ pub async fn write_ahead(
     if !plan.superseded_in_batch.is_empty() {
         insert_revision_rows(db, &b.select(&plan.superseded_in_batch), synced_at).await?;
     }
-    let current = current_revisions(&b, plan);
-    if current.len() == b.change_id.len() && !current.is_empty() {
-        copy_current_rows(db, &b, synced_at).await?;
-    } else if !current.is_empty() {
-        copy_current_rows(db, &b.select(&current), synced_at).await?;
-    }
+    copy_rows_at(db, &b, &current_revisions(&b, plan), synced_at).await?;
     phases.lap("copy");
     insert_transmissions(db, pushes, plan).await?;
     phases.lap("transmissions");
@@ -415,12 +412,7 @@ pub async fn write_plan(
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
         current.into_iter().partition(|&i| stored.contains(b.record_id[i]));
-    if inserts.len() == b.change_id.len() && !inserts.is_empty() {
-        // Only new records, each once (the usual big push): the batch itself, not a copy of it.
-        copy_current_rows(db, &b, synced_at).await?;
-    } else if !inserts.is_empty() {
-        copy_current_rows(db, &b.select(&inserts), synced_at).await?;
-    }
+    copy_rows_at(db, &b, &inserts, synced_at).await?;
     phases.lap("copy");
     let update = async {
         if !updates.is_empty() {
@@ -441,10 +433,27 @@ pub async fn write_plan(
     Ok(())
 }
 
-/// New records go in through binary COPY: no parameter arrays to build and unnest. The rows are
-/// encoded whole before the first byte is sent and then sent in large messages: encoding row by
-/// row as the COPY went left PostgreSQL waiting for the next rows (`ClientRead`) most of the time
-/// it spent on the COPY, and costs a task switch per few rows (BENCHMARKS.md).
+/// Copies the rows at `indexes` of `b` into `records`. Only new records, each once, is the usual
+/// big push: then the batch itself goes, not a copy of it.
+async fn copy_rows_at(
+    db: &Transaction<'_>,
+    b: &RevisionBatch<'_>,
+    indexes: &[usize],
+    synced_at: DateTime<Utc>,
+) -> DbResult<()> {
+    if indexes.len() == b.change_id.len() && !indexes.is_empty() {
+        copy_current_rows(db, b, synced_at).await
+    } else if !indexes.is_empty() {
+        copy_current_rows(db, &b.select(indexes), synced_at).await
+    } else {
+        Ok(())
+    }
+}
+
+/// New records go in through binary COPY: no parameter arrays to build and unnest, and the rows
+/// stream to the server in small messages instead of one statement of many megabytes. (Sending
+/// them in 256 KB messages instead was measured slower: PostgreSQL then waits for each chunk
+/// instead of inserting rows while the next ones are encoded; BENCHMARKS.md.)
 async fn copy_current_rows(
     tx: &Transaction<'_>,
     b: &RevisionBatch<'_>,
@@ -455,80 +464,40 @@ async fn copy_current_rows(
          FROM STDIN (FORMAT binary)",
         records::COPY_COLUMNS
     );
-    let provenance = [Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BOOL];
-    let types = [records::COPY_TYPES.as_slice(), &provenance].concat();
-    let mut copy = BinaryCopy::new(&types, b.change_id.len() * 1536);
-    for i in 0..b.change_id.len() {
-        copy.row(&[
-            &b.record_id[i],
-            &b.form_type[i],
-            &b.form_version[i],
-            &b.data[i],
-            &b.deleted[i],
-            &b.created_at[i],
-            &b.updated_at[i],
-            &synced_at,
-            &b.geolocation[i],
-            &b.author[i],
-            &b.device_id[i],
-            &b.tags[i],
-            &b.change_id[i],
-            &b.created_by[i],
-            &b.client_id[i],
-            &b.transmission_id[i],
-            &b.pushed_by[i],
-            &b.overwrote_version[i],
-            &b.conflict[i],
-        ])?;
-    }
     let statement = tx.prepare_cached(&statement).await?;
     let sink = tx.copy_in(&statement).await?;
-    let mut sink = std::pin::pin!(sink);
-    let mut body = copy.finish();
-    while !body.is_empty() {
-        let chunk = body.split_to(body.len().min(COPY_MESSAGE_BYTES));
-        sink.as_mut().feed(chunk).await?;
+    let provenance = [Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BOOL];
+    let types = [records::COPY_TYPES.as_slice(), &provenance].concat();
+    let writer = BinaryCopyInWriter::new(sink, &types);
+    let mut writer = std::pin::pin!(writer);
+    for i in 0..b.change_id.len() {
+        writer
+            .as_mut()
+            .write(&[
+                &b.record_id[i],
+                &b.form_type[i],
+                &b.form_version[i],
+                &b.data[i],
+                &b.deleted[i],
+                &b.created_at[i],
+                &b.updated_at[i],
+                &synced_at,
+                &b.geolocation[i],
+                &b.author[i],
+                &b.device_id[i],
+                &b.tags[i],
+                &b.change_id[i],
+                &b.created_by[i],
+                &b.client_id[i],
+                &b.transmission_id[i],
+                &b.pushed_by[i],
+                &b.overwrote_version[i],
+                &b.conflict[i],
+            ])
+            .await?;
     }
-    sink.as_mut().finish().await?;
+    writer.finish().await?;
     Ok(())
-}
-
-/// Large enough that a group commit's rows go in a handful of messages.
-const COPY_MESSAGE_BYTES: usize = 256 << 10;
-
-/// A binary COPY body (PostgreSQL's `COPY ... FROM STDIN (FORMAT binary)` format), built in memory.
-struct BinaryCopy<'t> {
-    types: &'t [Type],
-    buf: BytesMut,
-}
-
-impl<'t> BinaryCopy<'t> {
-    fn new(types: &'t [Type], capacity: usize) -> Self {
-        let mut buf = BytesMut::with_capacity(capacity + 32);
-        buf.put_slice(b"PGCOPY\n\xff\r\n\0");
-        buf.put_i32(0); // flags
-        buf.put_i32(0); // header extension length
-        BinaryCopy { types, buf }
-    }
-
-    fn row(&mut self, values: &[&Param<'_>]) -> DbResult<()> {
-        self.buf.put_i16(self.types.len() as i16);
-        for (value, ty) in values.iter().zip(self.types) {
-            let at = self.buf.len();
-            self.buf.put_i32(0);
-            let len = match value.to_sql_checked(ty, &mut self.buf).map_err(DbError::Other)? {
-                IsNull::Yes => -1,
-                IsNull::No => (self.buf.len() - at - 4) as i32,
-            };
-            self.buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
-        }
-        Ok(())
-    }
-
-    fn finish(mut self) -> Bytes {
-        self.buf.put_i16(-1);
-        self.buf.freeze()
-    }
 }
 
 /// `created_by` stays: the record keeps the owner of its first revision. Each row is found by one
