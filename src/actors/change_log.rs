@@ -145,7 +145,6 @@ struct Tail {
     keys: BatchKeys,
     planned: Option<Head>,
     committed: Shared<oneshot::Receiver<()>>,
-    followed: bool,
 }
 
 /// The records and transmissions a group names, as hashes: a collision only costs a group its
@@ -267,13 +266,13 @@ impl ChangeLog {
         self.start_group(batch, keys, None, ctx);
     }
 
-    /// Starts a group written ahead of the tail, if it holds the lock with its plan made and the
-    /// pushes at the front of the queue name none of its records and transmissions.
+    /// Starts a group written ahead of the tail (which it replaces), once the tail has planned,
+    /// with the pushes at the front of the queue that name none of its records and transmissions.
     fn write_ahead(&mut self, ctx: &mut Context<Self>) {
         if self.ahead_skips > 0 {
             return;
         }
-        let Some(tail) = self.tail.take_if(|t| !t.followed && self.writing == Some(t.id)) else {
+        let Some(tail) = self.tail.take_if(|t| self.writing == Some(t.id)) else {
             return;
         };
         let Some(base) = tail.planned else {
@@ -282,7 +281,7 @@ impl ChangeLog {
         };
         let (batch, keys) = self.take_pushes(|push| !tail.keys.overlaps(push));
         if batch.is_empty() {
-            self.tail = Some(Tail { followed: false, ..tail });
+            self.tail = Some(tail);
             return;
         }
         let ahead = Ahead { base, predecessor: tail.committed.clone() };
@@ -335,7 +334,7 @@ impl ChangeLog {
         let (planned, planned_rx) = oneshot::channel();
         let (wrote, wrote_rx) = oneshot::channel();
         let (committed, committed_rx) = oneshot::channel();
-        self.tail = Some(Tail { id, keys, planned: None, committed: committed_rx.shared(), followed: false });
+        self.tail = Some(Tail { id, keys, planned: None, committed: committed_rx.shared() });
         let signals = Signals {
             planned: Some(planned),
             wrote: Some(wrote),
