@@ -181,7 +181,7 @@ pub async fn write_ahead(
     if !plan.superseded_in_batch.is_empty() {
         insert_revision_rows(db, &b.select(&plan.superseded_in_batch), synced_at).await?;
     }
-    copy_rows_at(db, &b, &current_revisions(&b, plan), synced_at).await?;
+    copy_rows_at(db, &b, &current_revisions(plan), synced_at).await?;
     phases.lap("copy");
     insert_transmissions(db, pushes, plan).await?;
     phases.lap("transmissions");
@@ -191,12 +191,13 @@ pub async fn write_ahead(
 /// What a plan written ahead still has to write once it holds the lock: the kept statistics
 /// (rows every commit updates) and the head.
 pub async fn finish_ahead(db: &Transaction<'_>, plan: &Plan<'_>) -> DbResult<()> {
-    let b = RevisionBatch::from_plan(plan);
-    let current = current_revisions(&b, plan);
     let counts = stats::count_changes(
         db,
         &[],
-        current.iter().map(|&i| (b.form_type[i], b.created_at[i], b.deleted[i])),
+        current_revisions(plan).into_iter().map(|i| {
+            let r = &plan.revisions[i];
+            (r.record.form_type.as_str(), r.created_at, r.record.deleted)
+        }),
     );
     let head = async {
         if !plan.revisions.is_empty() {
@@ -210,12 +211,12 @@ pub async fn finish_ahead(db: &Transaction<'_>, plan: &Plan<'_>) -> DbResult<()>
 }
 
 /// The revisions of a plan that become current states: every one no later revision replaces.
-fn current_revisions(b: &RevisionBatch<'_>, plan: &Plan<'_>) -> Vec<usize> {
-    let mut superseded = vec![false; b.change_id.len()];
+fn current_revisions(plan: &Plan<'_>) -> Vec<usize> {
+    let mut superseded = vec![false; plan.revisions.len()];
     for &i in &plan.superseded_in_batch {
         superseded[i] = true;
     }
-    (0..b.change_id.len()).filter(|&i| !superseded[i]).collect()
+    (0..plan.revisions.len()).filter(|&i| !superseded[i]).collect()
 }
 
 /// Column arrays for one set-based insert of revisions (and, from the last revision of each id,
@@ -382,7 +383,7 @@ pub async fn write_plan(
     phases: &mut CommitPhases,
 ) -> DbResult<()> {
     let b = RevisionBatch::from_plan(plan);
-    let current = current_revisions(&b, plan);
+    let current = current_revisions(plan);
     // First what reads the stored state of the records this batch overwrites.
     let archive = async {
         if !overwritten_ids.is_empty() {

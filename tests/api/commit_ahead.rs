@@ -92,6 +92,13 @@ async fn a_group_written_ahead_commits_right_behind_the_one_before() {
     assert_eq!(versions(&app, &admin, &b_ids).await, (31..=50).collect::<Vec<_>>());
     let (_, status) = app.call(reqwest::Method::GET, "/status", Some(&admin), None).await;
     assert_eq!(status["current_change_id"], 50);
+    assert_counted(&app, &admin, 50).await;
+}
+
+/// The kept statistics count every record committed, ahead or not.
+async fn assert_counted(app: &TestApp, token: &str, n: i64) {
+    let (_, stats) = app.call(reqwest::Method::GET, "/stats/observations", Some(token), None).await;
+    assert_eq!(stats["totalCount"], n, "{stats}");
 }
 
 #[actix_web::test]
@@ -143,6 +150,7 @@ async fn a_group_written_ahead_is_redone_when_another_commit_comes_in_between() 
 
     assert_eq!(versions(&app, &admin, &a_ids).await, (1..=30).collect::<Vec<_>>());
     assert_eq!(versions(&app, &admin, &b_ids).await, (32..=51).collect::<Vec<_>>());
+    assert_counted(&app, &admin, 50).await;
 }
 
 #[actix_web::test]
@@ -181,4 +189,5 @@ async fn a_group_written_ahead_of_a_failed_commit_is_redone_and_the_failed_push_
     assert_eq!(body["current_version"], 50);
     assert_eq!(versions(&app, &admin, &b_ids).await, (1..=20).collect::<Vec<_>>());
     assert_eq!(versions(&app, &admin, &a_ids).await, (21..=50).collect::<Vec<_>>());
+    assert_counted(&app, &admin, 50).await;
 }
