@@ -356,17 +356,23 @@ impl ChangeLog {
         let pool = self.pool.clone();
         ctx.spawn(actix::fut::wrap_future::<_, Self>(commit_and_reply(pool, batch, signals, ahead)).map(
             move |committed_ahead, act, ctx| {
-                match committed_ahead {
-                    Some(true) => act.next_ahead_skips = 1,
-                    Some(false) => {
-                        act.ahead_skips = act.next_ahead_skips;
-                        act.next_ahead_skips = (act.next_ahead_skips * 2).min(MAX_AHEAD_SKIPS);
-                    }
-                    None => {}
+                if let Some(committed) = committed_ahead {
+                    act.back_off(committed);
                 }
                 act.commit_done(id, ctx)
             },
         ));
+    }
+
+    /// After a group written ahead: reset the back-off if it committed so, else skip the next
+    /// groups' chance and double the next skip (see `ahead_skips`).
+    fn back_off(&mut self, committed_ahead: bool) {
+        if committed_ahead {
+            self.next_ahead_skips = 1;
+        } else {
+            self.ahead_skips = self.next_ahead_skips;
+            self.next_ahead_skips = (self.next_ahead_skips * 2).min(MAX_AHEAD_SKIPS);
+        }
     }
 
     fn commit_done(&mut self, id: u64, ctx: &mut Context<Self>) {
@@ -533,14 +539,14 @@ async fn commit(
                 signals.committed_ahead = Some(true);
                 return Ok(outcomes);
             }
-            Ok(None) => crate::monitoring::commit_ahead(false),
+            Ok(None) => {}
             Err(e) if e.code == ErrorCode::ServiceUnavailable => return Err(e),
             Err(e) => {
                 // A row another process writes (the transaction then rolls back as it is dropped).
                 tracing::debug!(error = %e, cause = %e.cause_chain(), "writing ahead failed");
-                crate::monitoring::commit_ahead(false);
             }
         }
+        crate::monitoring::commit_ahead(false);
         // A group written ahead of this one planned from the head this attempt would have
         // committed: it must give up now, not once this batch is redone. Its rows may hold
         // change_ids that the commit holding the lock now is waiting to insert, while the redo

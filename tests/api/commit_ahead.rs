@@ -62,25 +62,43 @@ async fn versions(app: &TestApp, token: &str, of: &[String]) -> Vec<i64> {
     v
 }
 
-#[actix_web::test]
-async fn a_group_written_ahead_commits_right_behind_the_one_before() {
+/// Push A held after its plan (its head update waits for our lock on the head row, held by
+/// `head_row` until it sends COMMIT) and push B, which names other records, written ahead of it.
+struct Staged {
+    app: TestApp,
+    admin: String,
+    /// Connection string of our own sessions, and one of them for looking at the server's.
+    conn: String,
+    observer: tokio_postgres::Client,
+    head_row: tokio_postgres::Client,
+    a: JoinHandle<(StatusCode, Value)>,
+    b: JoinHandle<(StatusCode, Value)>,
+    a_ids: Vec<String>,
+    b_ids: Vec<String>,
+}
+
+async fn stage() -> Staged {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
     let conn = format!("{} application_name=stager", app.db_conn);
     let observer = connect(&conn).await;
     let (a_ids, b_ids) = (ids("a", 30), ids("b", 20));
-
-    let mut row_holder = connect(&conn).await;
-    let head_row = row_holder.transaction().await.expect("begin");
-    head_row.execute("SELECT * FROM change_head FOR UPDATE", &[]).await.expect("lock the head row");
+    let head_row = connect(&conn).await;
+    head_row.batch_execute("BEGIN; SELECT * FROM change_head FOR UPDATE").await.expect("lock the head row");
     let a = spawn_push(&app, &admin, push_body("a", &a_ids));
     wait_for(&observer, HEAD_UPDATE_BLOCKED, "holding push A after its plan").await;
     let b = spawn_push(&app, &admin, push_body("b", &b_ids));
     // B's rows are written while A still holds the change-log lock.
     wait_for(&observer, WRITTEN_AHEAD, "with push B written ahead").await;
+    Staged { app, admin, conn, observer, head_row, a, b, a_ids, b_ids }
+}
+
+#[actix_web::test]
+async fn a_group_written_ahead_commits_right_behind_the_one_before() {
+    let Staged { app, admin, observer: _, conn: _, head_row, a, b, a_ids, b_ids } = stage().await;
     assert!(!b.is_finished(), "B cannot answer before A commits");
 
-    head_row.commit().await.expect("release the head row");
+    head_row.batch_execute("COMMIT").await.expect("release the head row");
     let (status, body) = a.await.expect("push A");
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 30);
@@ -103,22 +121,10 @@ async fn assert_counted(app: &TestApp, token: &str, n: i64) {
 
 #[actix_web::test]
 async fn a_group_written_ahead_is_redone_when_another_commit_comes_in_between() {
-    let app = TestApp::spawn().await;
-    let admin = app.admin_token().await;
-    let conn = format!("{} application_name=stager", app.db_conn);
-    let observer = connect(&conn).await;
-    let (a_ids, b_ids) = (ids("a", 30), ids("b", 20));
-
-    let mut row_holder = connect(&conn).await;
-    let head_row = row_holder.transaction().await.expect("begin");
-    head_row.execute("SELECT * FROM change_head FOR UPDATE", &[]).await.expect("lock the head row");
-    let a = spawn_push(&app, &admin, push_body("a", &a_ids));
-    wait_for(&observer, HEAD_UPDATE_BLOCKED, "holding push A after its plan").await;
-    let b = spawn_push(&app, &admin, push_body("b", &b_ids));
-    wait_for(&observer, WRITTEN_AHEAD, "with push B written ahead").await;
+    let Staged { app, admin, observer, conn, head_row, a, b, a_ids, b_ids } = stage().await;
 
     // Another process queues for the change-log lock behind A, and takes a change_id once it has it.
-    let other_conn = conn.clone();
+    let other_conn = conn;
     let (took_lock, lock_taken) = tokio::sync::oneshot::channel();
     let (release, released) = tokio::sync::oneshot::channel::<()>();
     let other = tokio::spawn(async move {
@@ -134,7 +140,7 @@ async fn a_group_written_ahead_is_redone_when_another_commit_comes_in_between() 
     });
     wait_for(&observer, OURS_WAITING_FOR_THE_LOCK, "of ours queued for the lock").await;
 
-    head_row.commit().await.expect("release the head row");
+    head_row.batch_execute("COMMIT").await.expect("release the head row");
     let (status, body) = a.await.expect("push A");
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 30);
@@ -155,19 +161,7 @@ async fn a_group_written_ahead_is_redone_when_another_commit_comes_in_between() 
 
 #[actix_web::test]
 async fn a_group_written_ahead_of_a_failed_commit_is_redone_and_the_failed_push_retried_applies() {
-    let app = TestApp::spawn().await;
-    let admin = app.admin_token().await;
-    let conn = format!("{} application_name=stager", app.db_conn);
-    let observer = connect(&conn).await;
-    let (a_ids, b_ids) = (ids("a", 30), ids("b", 20));
-
-    let mut row_holder = connect(&conn).await;
-    let head_row = row_holder.transaction().await.expect("begin");
-    head_row.execute("SELECT * FROM change_head FOR UPDATE", &[]).await.expect("lock the head row");
-    let a = spawn_push(&app, &admin, push_body("a", &a_ids));
-    wait_for(&observer, HEAD_UPDATE_BLOCKED, "holding push A after its plan").await;
-    let b = spawn_push(&app, &admin, push_body("b", &b_ids));
-    wait_for(&observer, WRITTEN_AHEAD, "with push B written ahead").await;
+    let Staged { app, admin, observer, conn: _, head_row, a, b, a_ids, b_ids } = stage().await;
 
     // A's connection dies before its commit.
     observer
@@ -179,7 +173,7 @@ async fn a_group_written_ahead_of_a_failed_commit_is_redone_and_the_failed_push_
         .expect("terminate A's session");
     let (status, body) = a.await.expect("push A");
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    head_row.commit().await.expect("release the head row");
+    head_row.batch_execute("COMMIT").await.expect("release the head row");
     let (status, body) = b.await.expect("push B");
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 20, "B took the ids A did not commit");
