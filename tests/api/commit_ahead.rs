@@ -40,15 +40,16 @@ async fn wait_for(db: &tokio_postgres::Client, condition: &str, what: &str) {
     panic!("no session {what}");
 }
 
-/// Our own sessions are named `stager`; the server's are not.
+/// Our own sessions are named `stager`; the server's are not. Other tests' databases share the
+/// cluster, so every condition names this test's database.
 const HEAD_UPDATE_BLOCKED: &str =
-    "application_name <> 'stager' AND wait_event_type = 'Lock' AND query LIKE 'UPDATE change_head%'";
+    "datname = current_database() AND application_name <> 'stager' AND wait_event_type = 'Lock' AND query LIKE 'UPDATE change_head%'";
 const WRITTEN_AHEAD: &str =
-    "application_name <> 'stager' AND state = 'idle in transaction' AND query LIKE 'INSERT INTO transmissions%'";
+    "datname = current_database() AND application_name <> 'stager' AND state = 'idle in transaction' AND query LIKE 'INSERT INTO transmissions%'";
 const WAITING_FOR_THE_LOCK: &str =
-    "application_name <> 'stager' AND wait_event_type = 'Lock' AND wait_event = 'advisory'";
+    "datname = current_database() AND application_name <> 'stager' AND wait_event_type = 'Lock' AND wait_event = 'advisory'";
 const OURS_WAITING_FOR_THE_LOCK: &str =
-    "application_name = 'stager' AND wait_event_type = 'Lock' AND wait_event = 'advisory'";
+    "datname = current_database() AND application_name = 'stager' AND wait_event_type = 'Lock' AND wait_event = 'advisory'";
 
 /// The pushes' versions, sorted, from a pull of everything.
 async fn versions(app: &TestApp, token: &str, of: &[String]) -> Vec<i64> {
