@@ -33,6 +33,9 @@ pub struct Ctx {
     pub progress: Progress,
     /// Unique per run, so ids and form types of different runs never collide.
     pub run: String,
+    /// Seeded ids handed out so far: each seeding (scale seeds once a step) continues after the
+    /// last, so it adds records instead of overwriting the earlier ones.
+    seeded: AtomicU64,
     results: Mutex<BTreeMap<String, Value>>,
     details: Mutex<BTreeMap<String, Value>>,
     sections: Mutex<Vec<String>>,
@@ -48,6 +51,7 @@ impl Ctx {
             common,
             progress,
             run: payload::run_tag(),
+            seeded: AtomicU64::new(0),
             results: Mutex::new(BTreeMap::new()),
             details: Mutex::new(BTreeMap::new()),
             sections: Mutex::new(Vec::new()),
@@ -103,6 +107,11 @@ impl Ctx {
 
     pub fn rng(&self) -> rand::rngs::StdRng {
         rand::rngs::StdRng::from_entropy()
+    }
+
+    /// Hands out `n` seeded ids: the index of the first, after every id handed out before.
+    fn seed_ids(&self, n: u64) -> u64 {
+        self.seeded.fetch_add(n, Ordering::Relaxed)
     }
 }
 
@@ -346,6 +355,7 @@ pub async fn seed_records(
     form_types: &[String],
 ) -> SeedOutcome {
     let batches = total.div_ceil(batch);
+    let first_id = ctx.seed_ids(total);
     let next = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
@@ -371,7 +381,9 @@ pub async fn seed_records(
                 let n = batch.min(total - first);
                 let Some(pool) = pools.get((b % pools.len().max(1) as u64) as usize) else { break };
                 // `s` keeps seeded ids apart from the per-device ids of storms.
-                let ids: Vec<String> = (first..first + n).map(|i| format!("obs_{}_s_{i}", ctx.run)).collect();
+                let ids: Vec<String> = (first_id + first..first_id + first + n)
+                    .map(|i| format!("obs_{}_s_{i}", ctx.run))
+                    .collect();
                 let mut ok = false;
                 for _attempt in 0..5 {
                     let tx = uuid::Uuid::new_v4().to_string();
@@ -444,5 +456,21 @@ mod tests {
         assert_eq!(s.violations_total(), 2);
         assert_eq!(rate(10.0, 0.0), 0.0);
         assert_eq!(rate(10.0, 2.0), 5.0);
+    }
+
+    #[tokio::test]
+    async fn each_seeding_gets_ids_of_its_own() {
+        use clap::Parser;
+        let cli =
+            crate::cli::Cli::try_parse_from(["synkronus-load", "--no-progress", "push-storm"]).expect("cli");
+        let base = crate::target::check_base_url(&cli.common.base_url, false).expect("base url");
+        let stats = Arc::new(Stats::new());
+        let api =
+            Api::new(base, "u".into(), "p".into(), stats.clone(), 1, Duration::from_secs(1)).expect("api");
+        let ctx = Ctx::new(Arc::new(api), stats.clone(), cli.common, Progress::new(false, stats));
+        // scale seeds to 100k, then to 1M: the second seeding must not start over at 0.
+        assert_eq!(ctx.seed_ids(100_000), 0);
+        assert_eq!(ctx.seed_ids(900_000), 100_000);
+        assert_eq!(ctx.seed_ids(1), 1_000_000);
     }
 }
