@@ -1,6 +1,8 @@
 //! SQL for exports and observation statistics (docs/api.md §13, 17.8). Exports read `records` inside one
 //! REPEATABLE READ snapshot through server-side portals, so memory never depends on the row count.
 
+use std::sync::atomic::{AtomicI64, Ordering};
+
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
@@ -24,7 +26,7 @@ pub async fn snapshot_head(tx: &Transaction<'_>) -> Result<(i64, DateTime<Utc>),
     // An export is background work: its counting scans must not fan out over parallel workers
     // and take every core from the pushes committing meanwhile. Its statements stream plain
     // columns, where JIT compiling gains nothing and cost 90-240 ms a statement at 10M records.
-    // Its keyset pages (`type_rows_after`) are planned for their own values every time: a
+    // Its keyset pages (`TypeRows`) are planned for their own values every time: a
     // generic plan knows neither the form type nor the LIMIT.
     tx.batch_execute(
         "SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL jit = off;
@@ -72,7 +74,7 @@ pub async fn count(
 /// order: what it infers does not depend on the order, and without one PostgreSQL reads the
 /// table straight through instead of along the change_id index (a third less time per row when
 /// the export covers most of the table). One form type's rows in order come from
-/// [`type_rows_after`] instead.
+/// [`TypeRows`] instead.
 pub async fn open_rows(
     tx: &Transaction<'_>,
     filter: &ExportFilter,
@@ -92,39 +94,58 @@ pub async fn open_rows(
     }
 }
 
-/// The statement of [`type_rows_after`], prepared once a pass.
-pub async fn prepare_type_rows(tx: &Transaction<'_>) -> Result<Statement, tokio_postgres::Error> {
-    // $1 form types, $2 after, $3 snapshot head, $4 include deleted, $5 the form type, $6 limit.
-    tx.prepare(&format!(
-        "SELECT {ROW_COLUMNS} FROM records
-         WHERE (cardinality($1::text[]) = 0 OR form_type = ANY($1::text[]))
-           AND (form_type, change_id) > ($5, $2) AND (form_type, change_id) <= ($5, $3)
-           AND ($4 OR NOT deleted)
-         ORDER BY form_type, change_id LIMIT $6"
-    ))
-    .await
+/// One form type's rows in change_id order, read in keyset pages along `(form_type, change_id)`
+/// rather than through a portal. PostgreSQL plans a portal for all its rows, and for one type of
+/// many it chose to walk the whole change_id index and filter: 3.8 s a type at 10M records of 20
+/// types, against 0.5 s along the type's index. The row comparison can only be served by that
+/// index, and the LIMIT makes reading along it the cheap plan, as for typed pull pages
+/// (`records::pull_page`).
+pub struct TypeRows<'a> {
+    statement: Statement,
+    filter: &'a ExportFilter,
+    head: i64,
+    form_type: &'a str,
+    /// The change_id the next page starts after. Atomic only so that `next` can take `&self`
+    /// from the reader's `Fn` fetcher; one page is read at a time.
+    after: AtomicI64,
 }
 
-/// The next `limit` rows of one form type after change_id `after`, in change_id order: a keyset
-/// page along `(form_type, change_id)`, not a portal over the whole pass. PostgreSQL plans a
-/// portal for all its rows, and for one type of many it chose to walk the whole change_id index
-/// and filter: 3.8 s a type at 10M records of 20 types, against 0.5 s along the type's index. The
-/// row comparison can only be served by that index, and the LIMIT makes reading along it the
-/// cheap plan, as for typed pull pages (`records::pull_page`).
-pub async fn type_rows_after(
-    tx: &Transaction<'_>,
-    statement: &Statement,
-    filter: &ExportFilter,
-    head: i64,
-    form_type: &str,
-    after: i64,
-    limit: i64,
-) -> Result<Vec<ExportRow>, tokio_postgres::Error> {
-    let after = after.max(filter.since_change_id);
-    let rows = tx
-        .query(statement, &[&filter.form_types, &after, &head, &filter.include_deleted, &form_type, &limit])
-        .await?;
-    Ok(rows.iter().map(export_row).collect())
+impl<'a> TypeRows<'a> {
+    pub async fn open(
+        tx: &Transaction<'_>,
+        filter: &'a ExportFilter,
+        head: i64,
+        form_type: &'a str,
+    ) -> Result<TypeRows<'a>, tokio_postgres::Error> {
+        // $1 form types, $2 after, $3 snapshot head, $4 include deleted, $5 the form type, $6 limit.
+        let statement = tx
+            .prepare(&format!(
+                "SELECT {ROW_COLUMNS} FROM records
+                 WHERE (cardinality($1::text[]) = 0 OR form_type = ANY($1::text[]))
+                   AND (form_type, change_id) > ($5, $2) AND (form_type, change_id) <= ($5, $3)
+                   AND ($4 OR NOT deleted)
+                 ORDER BY form_type, change_id LIMIT $6"
+            ))
+            .await?;
+        let after = AtomicI64::new(filter.since_change_id);
+        Ok(TypeRows { statement, filter, head, form_type, after })
+    }
+
+    /// The next page of at most `limit` rows.
+    pub async fn next(
+        &self,
+        tx: &Transaction<'_>,
+        limit: i32,
+    ) -> Result<Vec<ExportRow>, tokio_postgres::Error> {
+        let (f, after, limit) = (self.filter, self.after.load(Ordering::Relaxed), i64::from(limit));
+        let params: [&(dyn ToSql + Sync); 6] =
+            [&f.form_types, &after, &self.head, &f.include_deleted, &self.form_type, &limit];
+        let rows: Vec<ExportRow> = tx.query(&self.statement, &params).await?.iter().map(export_row).collect();
+        if let Some(last) = rows.last() {
+            self.after.store(last.version, Ordering::Relaxed);
+        }
+        Ok(rows)
+    }
 }
 
 /// The next batch of `data` texts from an `open_rows(.., data_only = true)` portal.

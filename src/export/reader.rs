@@ -9,8 +9,6 @@
 //! runtime has a single worker, and the connection's own task runs there too, so on it the
 //! hand-off is a queue push; only whole batches of decoded rows cross to the encoding thread.
 
-use std::sync::atomic::{AtomicI64, Ordering};
-
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Object;
 use tokio::sync::{mpsc, oneshot};
@@ -212,30 +210,12 @@ async fn answer(
             Ok(portal) => pass(&out, || sql::fetch_data(tx, &portal, FETCH_ROWS)).await?,
             Err(e) => return refuse(&out, e).await,
         },
-        Request::Rows(Some(form_type), out) => match sql::prepare_type_rows(tx).await {
-            Ok(statement) => {
-                let after = AtomicI64::new(filter.since_change_id);
-                let (statement, form_type, after) = (&statement, &form_type, &after);
-                pass(&out, move || async move {
-                    let rows = sql::type_rows_after(
-                        tx,
-                        statement,
-                        filter,
-                        head,
-                        form_type,
-                        after.load(Ordering::Relaxed),
-                        i64::from(FETCH_ROWS),
-                    )
-                    .await?;
-                    if let Some(last) = rows.last() {
-                        after.store(last.version, Ordering::Relaxed);
-                    }
-                    Ok(rows)
-                })
-                .await?
+        Request::Rows(Some(form_type), out) => {
+            match sql::TypeRows::open(tx, filter, head, &form_type).await {
+                Ok(pages) => pass(&out, || pages.next(tx, FETCH_ROWS)).await?,
+                Err(e) => return refuse(&out, e).await,
             }
-            Err(e) => return refuse(&out, e).await,
-        },
+        }
         Request::Rows(None, out) => match sql::open_rows(tx, filter, head, None, false).await {
             Ok(portal) => pass(&out, || sql::fetch_rows(tx, &portal, FETCH_ROWS)).await?,
             Err(e) => return refuse(&out, e).await,
