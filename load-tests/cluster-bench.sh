@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "Beyond one machine" in BENCHMARKS.md: one node against three behind nginx, and attachments on
+# "Beyond one machine" in docs/benchmarks-history.md: one node against three behind nginx, and attachments on
 # the S3 backend (moto), the local-file backend and moto alone, all on this machine.
 #
 #   load-tests/cluster-bench.sh SERVER_BIN LOAD_BIN WORK_DIR BASE_PORT [PHASE...]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Resident memory of a running server around big pushes (BENCHMARKS.md, "Memory under big pushes").
+"""Resident memory of a running server around big pushes (docs/benchmarks-history.md, "Memory under big pushes").
 
 Usage: scripts/push-memory.py BASE_URL PID [--records 300000] [--concurrent 1] [--password admin]
 

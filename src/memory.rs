@@ -2,12 +2,13 @@
 //!
 //! mimalloc keeps freed pages for its purge delay (1 s) so that the next request reuses them, and
 //! only purges (returns to the system) from its allocation slow path: a server that goes idle
-//! after a burst of big pushes kept the burst's peak (BENCHMARKS.md, "Memory under big pushes").
-//! Purging at once instead (a delay of 0, as before) made every pull page and export batch
-//! fault its buffers in again: a third of the server's CPU in an initial sync went to page
-//! faults (BENCHMARKS.md, "The allocator's purge delay"). So the delay stays, and this tick takes
-//! the slow path once a second: freeing a block too big for mimalloc's shared pages frees its
-//! page, which purges whatever has waited longer than the delay, from every thread.
+//! after a burst of big pushes kept the burst's peak (docs/benchmarks-history.md,
+//! "Memory under big pushes"). Purging at once instead (a delay of 0, as before) made every pull
+//! page and export batch fault its buffers in again: a third of the server's CPU in an initial
+//! sync went to page faults (docs/benchmarks-history.md, "The allocator's purge delay"). So the
+//! delay stays, and this tick takes the slow path once a second: freeing a block too big for
+//! mimalloc's shared pages frees its page, which purges whatever has waited longer than the
+//! delay, from every thread.
 
 use std::time::Duration;
 

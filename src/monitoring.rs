@@ -216,7 +216,7 @@ pub fn set_active_bundle(active: Option<String>) {
 }
 
 /// Where a group commit's time goes, phase by phase, logged at debug level (target
-/// `synkronus::monitoring`; BENCHMARKS.md, "Push: where a group commit's time goes").
+/// `synkronus::monitoring`; docs/benchmarks-history.md, "Push: where a group commit's time goes").
 pub struct CommitPhases {
     last: Instant,
     pushes: usize,

@@ -35,7 +35,7 @@ const TRANSMISSIONS_SQL: &str = "SELECT t.client_id, t.transmission_id, t.finger
 /// tables are small, when reading a table whole is the cheapest way. Such a plan is kept as the
 /// table grows, until autovacuum next analyses it (a minute or more): the lookup of transmissions
 /// went on scanning every stored one, under the change-log lock, 3 ms of every group commit 20 s
-/// into a push storm (BENCHMARKS.md, "Round 4, third pass"). Every lookup of a commit is by key,
+/// into a push storm (docs/benchmarks-history.md, "Round 4, third pass"). Every lookup of a commit is by key,
 /// so its plans are made with whole-table reads and hash or merge joins priced out. `SET LOCAL`:
 /// the connection's other work is planned as before.
 pub const INDEX_PROBES_ONLY_SQL: &str = "SELECT set_config('enable_seqscan', 'off', true),
@@ -454,7 +454,8 @@ async fn copy_rows_at(
 /// New records go in through binary COPY: no parameter arrays to build and unnest, and the rows
 /// stream to the server in small messages instead of one statement of many megabytes. (Sending
 /// them in 256 KB messages instead was measured slower: PostgreSQL then waits for each chunk
-/// instead of inserting rows while the next ones are encoded; BENCHMARKS.md.)
+/// instead of inserting rows while the next ones are encoded; docs/benchmarks-history.md,
+/// "Push: where a group commit's time goes".)
 async fn copy_current_rows(
     tx: &Transaction<'_>,
     b: &RevisionBatch<'_>,

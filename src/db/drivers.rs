@@ -4,7 +4,7 @@
 //! main thread for what start-up and the actors opened), and the rows it reads reach the client
 //! through a channel. Read from another thread, every few kilobytes of rows cost a cross-thread
 //! wake-up on each side: a third of the server's CPU in an initial sync went to them
-//! (BENCHMARKS.md, "Pull pages streamed"). A reader spawned beside the connection gets its rows
+//! (docs/benchmarks-history.md, "Pull pages streamed"). A reader spawned beside the connection gets its rows
 //! without one.
 
 use std::sync::{Arc, LazyLock, Weak};

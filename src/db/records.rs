@@ -126,7 +126,8 @@ pub async fn pull_page(db: Object, after: i64, types: &[String], limit: i64) -> 
     // Written as `form_type = t.ft AND change_id > $1`, it walks the change_id index and filters
     // by type, which reads the whole table for a type with few records (1.2 s at 1M records,
     // for a form nobody has filled in yet); the row comparison can only be served by
-    // (form_type, change_id), so a page costs the same at any size (BENCHMARKS.md, "Scale curve").
+    // (form_type, change_id), so a page costs the same at any size (docs/benchmarks-history.md,
+    // "Scale curve").
     let page = if types.is_empty() {
         format!(
             "SELECT {RECORD_COLUMNS} FROM records WHERE change_id > $1 AND change_id <= h.head

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
-/// Chosen by measurement (BENCHMARKS.md, "Pull: bytes and CPU per record"): level 1 takes a pull
+/// Chosen by measurement (docs/benchmarks-history.md, "Pull: bytes and CPU per record"): level 1 takes a pull
 /// page of survey-like records from 1,452 to 228 bytes per record for 1–2 µs of server CPU per
 /// record (about +18 %); zlib's level 6 packs 2.7 times tighter than its level 1 but costs 13
 /// times the CPU, several times what the whole page costs.

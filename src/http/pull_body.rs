@@ -28,7 +28,8 @@ use crate::http::compress::GzipStream;
 /// JSON bytes gathered into one chunk (the last record may go a little over). Each chunk is one
 /// hand-over to the HTTP worker and one write to the socket, and each write one wake-up of the
 /// client: 32 KiB chunks, or sending what was ready whenever rows were late, cost the client
-/// (on the same two cores) about twice the CPU of 128 KiB ones (BENCHMARKS.md, "Pull pages streamed").
+/// (on the same two cores) about twice the CPU of 128 KiB ones (docs/benchmarks-history.md,
+/// "Pull pages streamed").
 const CHUNK: usize = 128 * 1024;
 
 /// A piece of the body, and whether it is the last one.

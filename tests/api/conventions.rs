@@ -577,3 +577,84 @@ fn readme_layout_lists_every_source_file() {
         assert!(root.join(top).is_dir(), "the README's layout section describes {top}/, which is gone");
     }
 }
+
+/// Every benchmark pass cited by title (`docs/benchmarks-history.md, "Title"`, in code comments
+/// and documents) and every history section named in BENCHMARKS.md's current table is a heading
+/// of the file cited, so a moved or renamed pass cannot leave a citation pointing at nothing.
+#[test]
+fn cited_benchmark_sections_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |path: &std::path::Path| std::fs::read_to_string(path).unwrap_or_default();
+    let headings = |file: &str| -> Vec<String> {
+        read(&root.join(file))
+            .lines()
+            .filter(|l| l.starts_with('#'))
+            .map(|l| l.trim_start_matches('#').trim().to_string())
+            .collect()
+    };
+    let cited_files = ["docs/benchmarks-history.md", "BENCHMARKS.md"];
+    let known: std::collections::HashMap<&str, Vec<String>> =
+        cited_files.iter().map(|f| (*f, headings(f))).collect();
+    assert!(known["docs/benchmarks-history.md"].len() > 20, "the history's sections are gone");
+
+    let mut sources = vec![root.join("README.md"), root.join("CONTRIBUTING.md"), root.join("BENCHMARKS.md")];
+    let mut pending = vec![root.join("src"), root.join("docs"), root.join("load-tests"), root.join("scripts")];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read a source folder").flatten() {
+            let path = entry.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if path.is_dir() && !matches!(name, "target" | "node_modules" | "screenshots") {
+                pending.push(path);
+            } else if [".rs", ".md", ".sh", ".py"].iter().any(|ext| name.ends_with(ext)) {
+                sources.push(path);
+            }
+        }
+    }
+
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for path in sources {
+        // Comment markers and line breaks out, so a citation wrapped over two lines still reads.
+        let text = read(&path)
+            .lines()
+            .map(|l| l.trim().trim_start_matches(['/', '!', '#', '*']).trim())
+            .collect::<Vec<_>>()
+            .join(" ");
+        for file in cited_files {
+            for (at, _) in text.match_indices(file) {
+                let after = &text[at + file.len()..];
+                // A Markdown link's target, `[BENCHMARKS.md](BENCHMARKS.md)`, comes first.
+                let after = match after.strip_prefix("](") {
+                    Some(rest) => rest.split_once(')').map_or("", |(_, r)| r),
+                    None => after,
+                };
+                let before = &text[..at];
+                let title = if let Some(quoted) = after.strip_prefix(", \"") {
+                    quoted.split('"').next()
+                } else if let Some(open) = before.strip_suffix("\" in ") {
+                    open.rsplit('"').next()
+                } else {
+                    None
+                };
+                // CONTRIBUTING's example of the form.
+                let Some(title) = title.filter(|t| *t != "Title") else { continue };
+                checked += 1;
+                if !known[file].iter().any(|h| h.starts_with(title)) {
+                    missing.push(format!("{}: {file}, \"{title}\"", path.display()));
+                }
+            }
+        }
+    }
+    // The current table names the history section of each row in its last cell.
+    let table = read(&root.join("BENCHMARKS.md"));
+    for row in table.lines().filter(|l| l.starts_with('|') && l.trim_end().ends_with("\" |")) {
+        let cell = row.trim_end().trim_end_matches('|').rsplit('|').next().unwrap_or("").trim();
+        let title = cell.trim_matches('"');
+        checked += 1;
+        if !known["docs/benchmarks-history.md"].iter().any(|h| h.starts_with(title)) {
+            missing.push(format!("BENCHMARKS.md's table: \"{title}\""));
+        }
+    }
+    assert!(checked >= 20, "only {checked} citations found: has the citation form changed?");
+    assert!(missing.is_empty(), "cited benchmark sections that are not headings: {missing:#?}");
+}
