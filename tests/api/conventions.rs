@@ -598,7 +598,8 @@ fn cited_benchmark_sections_exist() {
     assert!(known["docs/benchmarks-history.md"].len() > 20, "the history's sections are gone");
 
     let mut sources = vec![root.join("README.md"), root.join("CONTRIBUTING.md"), root.join("BENCHMARKS.md")];
-    let mut pending = vec![root.join("src"), root.join("docs"), root.join("load-tests"), root.join("scripts")];
+    let mut pending =
+        vec![root.join("src"), root.join("docs"), root.join("load-tests"), root.join("scripts")];
     while let Some(dir) = pending.pop() {
         for entry in std::fs::read_dir(&dir).expect("read a source folder").flatten() {
             let path = entry.path();
