@@ -39,7 +39,8 @@ test-deps: deps nginx-dep
 		python3 -m pip install --quiet 'moto[server]>=5.0.15'; \
 	fi
 
-## A JWT secret is required; generate one once, kept in .env (never committed).
+## The nodes of `make cluster` share one JWT secret; generate it once, kept in .env (never
+## committed). A single server on its embedded database generates its own (DATA_ROOT/jwt-secret).
 .env:
 	@if [ -z "$$JWT_SECRET" ]; then \
 		echo "JWT_SECRET=$$(head -c 48 /dev/urandom | base64 | tr -d '\n/+=')" > .env; \
@@ -50,7 +51,7 @@ release:
 	$(CARGO) build --release --bin synkronus
 
 ## Builds and starts the server on its embedded database (DATA_ROOT=./data, port 8080).
-run: deps .env release
+run: deps release
 	$(TARGET_DIR)/release/synkronus serve
 
 ## Three nodes on one PostgreSQL behind nginx on :8080 (scripts/cluster.sh, docs/deploy.md), files

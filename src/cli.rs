@@ -1,9 +1,13 @@
 //! Command line: `serve` (default), `migrate`, and operator commands that work with the server stopped
-//! (users, statistics, the import of a Go Synkronus deployment).
+//! (users, statistics, the import of a Go Synkronus deployment). Each command reads only the
+//! configuration it needs: `backup --verify` none (it checks a copy kept where the server's
+//! environment is not set), `healthcheck` the listen address, the others all of it.
+
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::domain::audit::{Action, Origin};
 use crate::domain::role::Role;
 use crate::startup::{connect_and_migrate, Application, EmbeddedHandle};
@@ -51,7 +55,13 @@ pub enum Command {
     /// Take over another server's data.
     #[command(subcommand)]
     Import(ImportCommand),
+    /// Exit 0 when the server on this machine (PORT, BIND_ADDRESS) answers GET /health with 200,
+    /// else 1: a container's HEALTHCHECK, without curl.
+    Healthcheck,
 }
+
+/// `/health` answers within 2 s by itself (its database and storage probes are bounded so).
+const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Subcommand)]
 pub enum ImportCommand {
@@ -89,8 +99,46 @@ pub enum UserCommand {
     },
 }
 
-pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
-    match cli.command.unwrap_or(Command::Serve) {
+/// Runs the command line; returns the process's exit status: 0, 1 when the command failed, 2
+/// when the configuration is invalid.
+pub async fn run(cli: Cli) -> i32 {
+    let command = match cli.command.unwrap_or(Command::Serve) {
+        Command::Healthcheck => return healthcheck().await,
+        // Without --output, clap has required --verify.
+        Command::Backup { output: None, verify } => {
+            return exit_status(crate::backup::verify::run(&verify.unwrap_or_default()).await)
+        }
+        command => command,
+    };
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(e) => return invalid_configuration(&e),
+    };
+    crate::telemetry::init(&config.log_level, config.log_format, &config.node_id);
+    exit_status(with_config(command, config).await)
+}
+
+fn invalid_configuration(error: &ConfigError) -> i32 {
+    eprintln!("synkronus: invalid configuration: {error}");
+    2
+}
+
+fn exit_status(result: anyhow::Result<()>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => match e.downcast_ref::<ConfigError>() {
+            // Found once the command knew what it needed (the signing key of `serve`).
+            Some(error) => invalid_configuration(error),
+            None => {
+                eprintln!("synkronus: {e:#}");
+                1
+            }
+        },
+    }
+}
+
+async fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
+    match command {
         Command::Serve => Application::build(config).await?.run_until_stopped().await,
         Command::Migrate => {
             let (_pool, embedded) = connect_and_migrate(&config).await?;
@@ -107,7 +155,6 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Backup { output: Some(output), .. } => crate::backup::create::run(&config, &output).await,
-        Command::Backup { verify, .. } => crate::backup::verify::run(&verify.unwrap_or_default()).await,
         Command::Restore { input, force } => crate::backup::restore::run(&config, &input, force).await,
         Command::Import(ImportCommand::GoSynkronus(args)) => crate::import::run(&config, args).await,
         Command::Storage(cmd) => crate::storage::ops::run(&config, cmd).await,
@@ -117,6 +164,39 @@ pub async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             drop(pool);
             stop_if_started_here(embedded).await?;
             result
+        }
+        // Run before the configuration is read.
+        Command::Healthcheck | Command::Backup { output: None, .. } => Ok(()),
+    }
+}
+
+/// `GET /health` on this machine's server; a line on stderr says why it is not healthy.
+async fn healthcheck() -> i32 {
+    let address = match crate::config::probe_address(crate::config::environment()) {
+        Ok(address) => address,
+        Err(e) => {
+            eprintln!("synkronus healthcheck: invalid configuration: {e}");
+            return 1;
+        }
+    };
+    let url = format!("http://{address}/health");
+    // A proxy from the environment would probe some other machine.
+    let client = match reqwest::Client::builder().timeout(HEALTHCHECK_TIMEOUT).no_proxy().build() {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("synkronus healthcheck: {e}");
+            return 1;
+        }
+    };
+    match client.get(&url).send().await {
+        Ok(res) if res.status() == reqwest::StatusCode::OK => 0,
+        Ok(res) => {
+            eprintln!("synkronus healthcheck: {url} answered {}", res.status());
+            1
+        }
+        Err(e) => {
+            eprintln!("synkronus healthcheck: {url}: {e}");
+            1
         }
     }
 }
@@ -145,7 +225,6 @@ async fn user_command(
 ) -> anyhow::Result<()> {
     use crate::db::users;
     use crate::domain::user as rules;
-    let auth = crate::auth::AuthService::from_config(config, crate::clock::Clock::default())?;
     // An operator at the console: the server itself, as far as the audit log can tell.
     let origin = Origin::server(&config.node_id);
     match cmd {
@@ -155,7 +234,7 @@ async fn user_command(
             if !rules::is_strong_enough(&password) {
                 anyhow::bail!("password must be 8 to 72 bytes long");
             }
-            let hash = auth.hash_password(password).await?;
+            let hash = crate::auth::hash_password(password, config.password_hash_cost).await?;
             let mut db = pool.get().await?;
             users::create(&mut db, &username, email.as_deref(), &hash, role, &origin).await?;
             println!("created user '{username}' ({role})");
@@ -168,7 +247,7 @@ async fn user_command(
             let user = users::find_by_username(&db, &username)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("no user named '{username}'"))?;
-            let hash = auth.hash_password(password).await?;
+            let hash = crate::auth::hash_password(password, config.password_hash_cost).await?;
             let entry =
                 origin.entry(Action::PasswordReset, Some(&username), serde_json::json!({"via": "cli"}));
             users::set_password(&mut db, user.id, &hash, &entry).await?;

@@ -4,12 +4,14 @@
 //! Defaults are parsed like values, so a default cannot disagree with the rules; the README's
 //! configuration table is rendered from the same rows, and a test keeps the two equal.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use secrecy::SecretSlice;
 
+pub mod jwt_secret;
 mod table;
 pub mod test_only;
 
@@ -59,7 +61,8 @@ pub struct Config {
     pub db_read_replicas: Vec<String>,
     pub replica_max_wait: Duration,
     pub replica_max_lag: Duration,
-    pub jwt_secret: Vec<u8>,
+    /// `JWT_SECRET`; unset, [`Config::signing_key`] finds the key in the data root.
+    pub jwt_secret: Option<SecretSlice<u8>>,
     pub jwt_ttl: Duration,
     pub refresh_ttl: Duration,
     pub log_level: String,
@@ -113,12 +116,41 @@ impl std::fmt::Debug for Config {
     }
 }
 
+/// The process environment, `.env` (if present) included.
+pub fn environment() -> impl Fn(&str) -> Option<String> {
+    // dotenvy never overrides a variable that is already set: the real environment wins.
+    let _ = dotenvy::dotenv();
+    |name| std::env::var(name).ok()
+}
+
+/// Where `synkronus healthcheck` finds this machine's server: `PORT` on `BIND_ADDRESS`, the
+/// loopback address when that is the unspecified one. Only those two variables are read, so a
+/// probe never fails on a setting the server alone needs.
+pub fn probe_address(lookup: impl Fn(&str) -> Option<String>) -> Result<SocketAddr, ConfigError> {
+    let config = Config::from_rows(&lookup, &["PORT", "BIND_ADDRESS"])?;
+    let ip = match config.bind_address {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    Ok(SocketAddr::new(ip, config.port))
+}
+
 impl Config {
     /// Loads `.env` (if present) then the environment.
     pub fn from_env() -> Result<Self, ConfigError> {
-        // dotenvy never overrides a variable that is already set: the real environment wins.
-        let _ = dotenvy::dotenv();
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(environment())
+    }
+
+    /// Only the rows of `names`, in the table's order, over the unparsed state: for commands
+    /// that need a setting or two and must not refuse to run over the others.
+    fn from_rows(lookup: &impl Fn(&str) -> Option<String>, names: &[&str]) -> Result<Self, ConfigError> {
+        let mut config = Config::before_parsing();
+        for variable in VARIABLES.iter().filter(|v| names.contains(&v.name)) {
+            let raw = lookup(variable.name);
+            variable.apply(&mut config, raw.as_deref()).map_err(|reason| invalid(variable.name, reason))?;
+        }
+        Ok(config)
     }
 
     /// Builds the configuration from any variable source (tests pass a map): every variable of
@@ -144,7 +176,7 @@ impl Config {
             db_read_replicas: Vec::new(),
             replica_max_wait: Duration::ZERO,
             replica_max_lag: Duration::ZERO,
-            jwt_secret: Vec::new(),
+            jwt_secret: None,
             jwt_ttl: Duration::ZERO,
             refresh_ttl: Duration::ZERO,
             log_level: String::new(),
@@ -232,6 +264,8 @@ fn absolute(path: &std::path::Path) -> PathBuf {
 mod tests {
     use std::collections::HashMap;
 
+    use secrecy::ExposeSecret;
+
     use super::*;
 
     const SECRET: &str = "0123456789abcdef0123456789abcdef";
@@ -248,9 +282,13 @@ mod tests {
         Config::from_lookup(|k| env.get(k).cloned())
     }
 
-    fn load_without(var: &str) -> Result<Config, ConfigError> {
-        let env: HashMap<&str, &str> =
-            [("JWT_SECRET", SECRET)].into_iter().filter(|(k, _)| *k != var).collect();
+    /// Without `DB_CONNECTION` (the embedded database) and without `var`.
+    fn load_without(var: &str, pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env: HashMap<&str, &str> = [("JWT_SECRET", SECRET)]
+            .into_iter()
+            .chain(pairs.iter().copied())
+            .filter(|(k, _)| *k != var)
+            .collect();
         Config::from_lookup(|k| env.get(k).map(|v| v.to_string()))
     }
 
@@ -265,7 +303,7 @@ mod tests {
 
     #[test]
     fn defaults() {
-        let c = load_without("DB_CONNECTION").expect("defaults");
+        let c = load_without("DB_CONNECTION", &[]).expect("defaults");
         assert_eq!(c.port, 8080);
         assert_eq!(c.bind_address, IpAddr::from([0, 0, 0, 0]));
         assert!(c.node_id.ends_with(":8080") && c.node_id.len() > 5, "{}", c.node_id);
@@ -273,7 +311,7 @@ mod tests {
             matches!(&c.database, DatabaseConfig::Embedded { pg_run_as, pg_bin_dir: None } if pg_run_as == "postgres")
         );
         assert_eq!(c.db_pool_size, 16);
-        assert_eq!(c.jwt_secret, SECRET.as_bytes());
+        assert_eq!(c.jwt_secret.as_ref().map(|k| k.expose_secret()), Some(SECRET.as_bytes()));
         assert_eq!(c.jwt_ttl, Duration::from_secs(3600));
         assert_eq!(c.refresh_ttl, Duration::from_secs(2_592_000));
         assert_eq!(c.log_level, "info");
@@ -300,15 +338,53 @@ mod tests {
     }
 
     #[test]
-    fn jwt_secret_is_required_and_at_least_32_bytes() {
-        let err = load_without("JWT_SECRET").expect_err("missing secret");
-        assert_eq!(err.var, "JWT_SECRET");
-        assert!(err.to_string().starts_with("JWT_SECRET: "));
-        refused(&[("JWT_SECRET", "")], "JWT_SECRET");
+    fn jwt_secret_is_at_least_32_bytes_and_required_only_with_db_connection() {
         refused(&[("JWT_SECRET", &"x".repeat(31))], "JWT_SECRET");
         // Bytes, not characters: 11 three-byte characters are 33 bytes.
         assert!(load(&[("JWT_SECRET", &"€".repeat(11))]).is_ok());
-        assert!(load(&[("JWT_SECRET", &"x".repeat(32))]).is_ok());
+        let key = load(&[("JWT_SECRET", &"x".repeat(32))]).expect("32 bytes").signing_key().expect("key");
+        assert_eq!((key.0.expose_secret(), key.1), ("x".repeat(32).as_bytes(), jwt_secret::Source::Variable));
+
+        // Empty is unset; with DB_CONNECTION, the server cannot start and the line says why.
+        let external = load(&[("JWT_SECRET", "")]).expect("parses: only serving needs the key");
+        let err = external.signing_key().expect_err("no key with DB_CONNECTION");
+        assert_eq!(err.var, "JWT_SECRET");
+        let line = err.to_string();
+        assert!(
+            line.starts_with("JWT_SECRET: is required with DB_CONNECTION") && !line.contains('\n'),
+            "{line}"
+        );
+        assert!(line.contains("same secret"), "{line}");
+
+        // On the embedded database, the data root's file.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().display().to_string();
+        let embedded = load_without("JWT_SECRET", &[("DATA_ROOT", &root)]).expect("embedded");
+        let (generated, source) = embedded.signing_key().expect("generated");
+        assert_eq!(source, jwt_secret::Source::Generated(dir.path().join("jwt-secret")));
+        let (read, source) = embedded.signing_key().expect("read back");
+        assert_eq!(source, jwt_secret::Source::ReadFrom(dir.path().join("jwt-secret")));
+        assert_eq!(read.expose_secret(), generated.expose_secret());
+    }
+
+    #[test]
+    fn the_probe_reads_only_the_listen_address() {
+        let probe = |pairs: &[(&str, &str)]| {
+            let env: HashMap<String, String> =
+                pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            probe_address(|k| env.get(k).cloned())
+        };
+        // Nothing else is read: no JWT_SECRET, a broken variable the server alone needs.
+        assert_eq!(probe(&[("LOG_LEVEL", "loud")]).expect("defaults"), "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(
+            probe(&[("PORT", "9001"), ("BIND_ADDRESS", "::")]).expect("v6"),
+            "[::1]:9001".parse().unwrap()
+        );
+        assert_eq!(
+            probe(&[("BIND_ADDRESS", "10.1.2.3")]).expect("given"),
+            "10.1.2.3:8080".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(probe(&[("PORT", "http")]).expect_err("bad port").var, "PORT");
     }
 
     #[test]

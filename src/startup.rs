@@ -10,6 +10,7 @@ use actix_web::dev::Server;
 use actix_web::middleware::{from_fn, NormalizePath, TrailingSlash};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
+use secrecy::ExposeSecret;
 
 use crate::auth::rate_limit::LoginLimiter;
 use crate::auth::AuthService;
@@ -119,10 +120,14 @@ async fn connect_migrate(config: &Config, conn: &str) -> anyhow::Result<deadpool
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let config = Arc::new(config);
+        // Before anything starts: without a key (DB_CONNECTION and no JWT_SECRET) nothing should.
+        let (key, key_source) = config.signing_key()?;
+        key_source.log();
         let (conn, embedded) = server_database_connection(&config).await?;
         let pool = connect_migrate(&config, &conn).await?;
         let clock = Clock::default();
-        let auth = Arc::new(AuthService::from_config(&config, clock.clone())?);
+        let auth = Arc::new(AuthService::from_config(&config, key.expose_secret(), clock.clone())?);
+        drop(key);
         bootstrap_admin(&config, &pool, &auth, &config.node_id).await?;
         check_data_root(&config)?;
         let storage = Arc::new(crate::storage::Storage::open(&config)?);

@@ -118,9 +118,9 @@ impl AuthService {
         })
     }
 
-    /// The service the configuration asks for.
-    pub fn from_config(config: &crate::config::Config, clock: Clock) -> anyhow::Result<Self> {
-        let mut auth = Self::new(&config.jwt_secret, config.jwt_ttl, config.refresh_ttl)?;
+    /// The service the configuration asks for, signing with `key` ([`crate::config::Config::signing_key`]).
+    pub fn from_config(config: &crate::config::Config, key: &[u8], clock: Clock) -> anyhow::Result<Self> {
+        let mut auth = Self::new(key, config.jwt_ttl, config.refresh_ttl)?;
         auth.clock = clock;
         if config.password_hash_cost != BCRYPT_COST {
             auth.password_cost = config.password_hash_cost;
@@ -215,11 +215,7 @@ impl AuthService {
     }
 
     pub async fn hash_password(&self, password: String) -> ApiResult<String> {
-        let cost = self.password_cost;
-        tokio::task::spawn_blocking(move || bcrypt::hash(password, cost))
-            .await
-            .map_err(ApiError::internal)?
-            .map_err(ApiError::internal)
+        hash_password(password, self.password_cost).await
     }
 
     /// Checks a password against a stored hash (or the dummy hash when the user is unknown).
@@ -251,6 +247,14 @@ impl AuthService {
         *self.default_password_check.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((hash.to_string(), is_default));
     }
+}
+
+/// A bcrypt hash of `password` at `cost`, off the executor (the CLI hashes without a signing key).
+pub async fn hash_password(password: String, cost: u32) -> ApiResult<String> {
+    tokio::task::spawn_blocking(move || bcrypt::hash(password, cost))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)
 }
 
 fn cache_key(user_id: Uuid, jti: &str) -> String {

@@ -9,6 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use secrecy::SecretSlice;
 
 use super::{absolute, Config, DatabaseConfig, LogFormat, RecordValidation};
 
@@ -30,8 +31,6 @@ enum Kind {
     Defaulted(&'static str, SetValue),
     /// Unset is a state of its own, described for the README ("unset", "auto", ...).
     Optional(&'static str, SetOptional),
-    /// Start-up stops when it is unset.
-    Required(SetValue, &'static str),
 }
 
 impl Variable {
@@ -53,26 +52,20 @@ impl Variable {
         Variable { name, meaning, kind: Kind::Optional(unset, set) }
     }
 
-    const fn required(name: &'static str, why: &'static str, meaning: &'static str, set: SetValue) -> Self {
-        Variable { name, meaning, kind: Kind::Required(set, why) }
-    }
-
     /// The README's "Default" column.
     pub fn default_shown(&self) -> String {
         match self.kind {
             Kind::Defaulted(value, _) => format!("`{value}`"),
             Kind::Optional(unset, _) => unset.to_string(),
-            Kind::Required(..) => "required".to_string(),
         }
     }
 
     /// Parses `raw` (or the default) into `config`; the error is the reason, without the name.
     pub(super) fn apply(&self, config: &mut Config, raw: Option<&str>) -> Result<(), String> {
         match (&self.kind, raw) {
-            (Kind::Defaulted(_, set), Some(raw)) | (Kind::Required(set, _), Some(raw)) => set(config, raw),
+            (Kind::Defaulted(_, set), Some(raw)) => set(config, raw),
             (Kind::Defaulted(default, set), None) => set(config, default),
             (Kind::Optional(_, set), raw) => set(config, raw),
-            (Kind::Required(_, why), None) => Err(why.to_string()),
         }
     }
 }
@@ -185,15 +178,20 @@ pub static VARIABLES: &[Variable] = &[
         "A replica further behind (or unreachable) leaves the rotation; it is re-checked every 5 s",
         set!(replica_max_lag = seconds),
     ),
-    Variable::required(
+    Variable::optional(
         "JWT_SECRET",
-        "is required (at least 32 bytes)",
-        "HS256 key, at least 32 bytes",
+        "generated (embedded database only)",
+        "HS256 key, at least 32 bytes. Unset on the embedded database: generated once into \
+         `DATA_ROOT/jwt-secret` (mode 0600) and reused at every start; required with `DB_CONNECTION` \
+         (every node must sign with the same key)",
         |c, raw| {
-            if raw.len() < 32 {
-                return Err("must be at least 32 bytes long".into());
-            }
-            c.jwt_secret = raw.as_bytes().to_vec();
+            c.jwt_secret = match raw.filter(|s| !s.is_empty()) {
+                Some(raw) if raw.len() < super::jwt_secret::MIN_BYTES => {
+                    return Err(format!("must be at least {} bytes long", super::jwt_secret::MIN_BYTES))
+                }
+                Some(raw) => Some(SecretSlice::from(raw.as_bytes().to_vec())),
+                None => None,
+            };
             Ok(())
         },
     ),

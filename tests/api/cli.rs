@@ -6,7 +6,10 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{assert_error, binary, cluster, fresh_database, TestApp, JWT_SECRET};
+use crate::crash::EmbeddedDataRoot;
+use crate::helpers::{
+    assert_error, binary, cluster, free_port, fresh_database, ChildServer, TestApp, JWT_SECRET,
+};
 
 struct Run {
     code: Option<i32>,
@@ -146,29 +149,142 @@ async fn invalid_configuration_stops_the_binary_with_one_line_naming_the_variabl
     let db = "host=/nonexistent user=x dbname=y";
     let long = JWT_SECRET;
     let short = "x".repeat(31);
-    let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
-        (vec![("DB_CONNECTION", db)], "JWT_SECRET"),
-        (vec![("DB_CONNECTION", db), ("JWT_SECRET", short.as_str())], "JWT_SECRET"),
-        (vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("PORT", "0")], "PORT"),
-        (vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("PORT", "http")], "PORT"),
-        (vec![("DB_CONNECTION", "postgres://u@h:notaport/db"), ("JWT_SECRET", long)], "DB_CONNECTION"),
-        (vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("JWT_TTL_SECONDS", "-5")], "JWT_TTL_SECONDS"),
-        (vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("LOG_LEVEL", "loud")], "LOG_LEVEL"),
-        (vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("MAX_VERSIONS_KEPT", "0")], "MAX_VERSIONS_KEPT"),
+    let serving = [&[][..], &["serve"][..]];
+    let all = [
+        &[][..],
+        &["serve"][..],
+        &["migrate"][..],
+        &["user", "create", "--username", "a", "--password", "password-123"][..],
     ];
-    for (env, var) in cases {
-        for args in [
-            &[][..],
-            &["serve"][..],
-            &["migrate"][..],
-            &["user", "create", "--username", "a", "--password", "password-123"][..],
-        ] {
+    type Case<'a> = (Vec<(&'a str, &'a str)>, &'a str, &'a [&'a [&'a str]]);
+    let cases: Vec<Case> = vec![
+        // Only the server signs tokens: the one-off commands run without JWT_SECRET.
+        (vec![("DB_CONNECTION", db)], "JWT_SECRET: is required with DB_CONNECTION", &serving),
+        (vec![("DB_CONNECTION", db), ("JWT_SECRET", short.as_str())], "JWT_SECRET", &all),
+        (vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("PORT", "0")], "PORT", &all),
+        (vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("PORT", "http")], "PORT", &all),
+        (vec![("DB_CONNECTION", "postgres://u@h:notaport/db"), ("JWT_SECRET", long)], "DB_CONNECTION", &all),
+        (
+            vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("JWT_TTL_SECONDS", "-5")],
+            "JWT_TTL_SECONDS",
+            &all,
+        ),
+        (vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("LOG_LEVEL", "loud")], "LOG_LEVEL", &all),
+        (
+            vec![("DB_CONNECTION", db), ("JWT_SECRET", long), ("MAX_VERSIONS_KEPT", "0")],
+            "MAX_VERSIONS_KEPT",
+            &all,
+        ),
+    ];
+    for (env, mentions, commands) in cases {
+        for args in commands {
             let r = run(args, &env).await;
-            assert_failed(&r, var);
+            assert_failed(&r, mentions);
+            assert_eq!(r.code, Some(2), "{args:?}: {}", r.stderr);
+            assert!(r.stderr.starts_with("synkronus: invalid configuration: "), "{}", r.stderr);
             let lines: Vec<&str> = r.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
             assert_eq!(lines.len(), 1, "one line: {}", r.stderr);
             assert!(r.stdout.is_empty(), "{}", r.stdout);
         }
+    }
+}
+
+/// Without `JWT_SECRET`, a server on its embedded database generates a key into the data root at
+/// its first start and signs with the same key at every later one: tokens outlive a restart.
+#[actix_web::test]
+async fn the_embedded_server_generates_its_jwt_secret_once_and_keeps_it() {
+    let root = EmbeddedDataRoot::new("synk-jwt");
+    // No DB_CONNECTION (the embedded cluster) and no JWT_SECRET; info shows the start-up lines.
+    let env = [("JWT_SECRET", ""), ("LOG_LEVEL", "info")];
+    let mut first = ChildServer::start("", &root.dir, root.dir.join("first.log"), &env).await;
+    let token = first.admin_token().await;
+    assert!(first.terminate(Duration::from_secs(60)).await.success(), "{}", first.log_text());
+
+    let file = root.dir.join("jwt-secret");
+    let key = std::fs::read_to_string(&file).expect("the generated key");
+    let key = key.trim_end();
+    assert!(key.len() >= 32 && key.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).expect("metadata").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the key is the owner's alone");
+    let log = first.log_text();
+    assert_eq!(log.matches("generated a secret").count(), 1, "{log}");
+    assert!(!log.contains(key), "the key reached the log: {log}");
+
+    let mut second = ChildServer::start("", &root.dir, root.dir.join("second.log"), &env).await;
+    let (status, me) = second.call(Method::GET, "/auth/me", Some(&token), None).await;
+    assert_eq!(status, StatusCode::OK, "a token of the first run: {me}");
+    let log = second.log_text();
+    assert_eq!(log.matches("read the secret from the data root").count(), 1, "{log}");
+    assert!(!log.contains("generated a secret") && !log.contains(key), "{log}");
+    assert_eq!(std::fs::read_to_string(&file).expect("key").trim_end(), key, "the key was kept");
+    assert!(second.terminate(Duration::from_secs(60)).await.success(), "{}", second.log_text());
+}
+
+/// Answers every connection with `status` (or, `None`, holds it without a word).
+async fn fake_server(status: Option<&'static str>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            if let Some(status) = status {
+                let answer = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = socket.write_all(answer.as_bytes()).await;
+            }
+            held.push(socket);
+        }
+    });
+    port
+}
+
+#[actix_web::test]
+async fn healthcheck_exits_0_only_when_the_local_server_answers_200() {
+    let app = TestApp::spawn().await;
+    let port = app.port.to_string();
+    // The probe reads where the server listens and nothing else: no JWT_SECRET, no database, a
+    // variable only the server reads broken; the unspecified address means this machine.
+    for bind in ["127.0.0.1", "0.0.0.0"] {
+        let r =
+            run(&["healthcheck"], &[("PORT", &port), ("BIND_ADDRESS", bind), ("LOG_LEVEL", "loud")]).await;
+        assert_ok(&r);
+        assert!(r.stdout.is_empty() && r.stderr.is_empty(), "{} {}", r.stdout, r.stderr);
+    }
+
+    let unhealthy = fake_server(Some("503 Service Unavailable")).await.to_string();
+    let silent = fake_server(None).await.to_string();
+    let closed = free_port().to_string();
+    for (port, mentions) in [(&unhealthy, "503"), (&closed, "/health"), (&silent, "/health")] {
+        let started = std::time::Instant::now();
+        let r = run(&["healthcheck"], &[("PORT", port), ("BIND_ADDRESS", "127.0.0.1")]).await;
+        assert_eq!(r.code, Some(1), "{}", r.stderr);
+        assert!(r.stderr.contains(mentions), "{}", r.stderr);
+        assert!(started.elapsed() < Duration::from_secs(15), "a short timeout: {:?}", started.elapsed());
+    }
+    let r = run(&["healthcheck"], &[("PORT", "http")]).await;
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("PORT"), "{}", r.stderr);
+}
+
+/// docs/operations.md has operators verify the copy kept elsewhere, where the server's
+/// environment is not set: `--verify` reads no configuration at all.
+#[actix_web::test]
+async fn backup_verify_runs_without_the_servers_configuration() {
+    let db = fresh_database().await;
+    let conn = cluster().connection_string(&db);
+    let env = [("DB_CONNECTION", conn.as_str()), ("JWT_SECRET", JWT_SECRET)];
+    assert_ok(&run(&["migrate"], &env).await);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let archive = dir.path().join("copy.zip");
+    let archive = archive.to_str().expect("utf-8 path");
+    assert_ok(&run(&["backup", "--output", archive], &env).await);
+    for env in [&[][..], &[("JWT_SECRET", "short"), ("PORT", "http"), ("DB_CONNECTION", "nonsense")][..]] {
+        let r = run(&["backup", "--verify", archive], env).await;
+        assert_ok(&r);
+        assert!(r.stdout.contains("is intact"), "{}", r.stdout);
     }
 }
 
