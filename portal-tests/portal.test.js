@@ -622,9 +622,13 @@ test('an admin still on the shipped password is asked on every page to change it
 
 test('an admin with a password of their own sees no banner', async () => {
   const page = await newPage();
+  const checked = page.waitForResponse((res) => new URL(res.url()).pathname.endsWith('/auth/me'));
   await signIn(page);
   await page.locator('#observation-count').waitFor();
-  await page.evaluate(() => new Promise((r) => setTimeout(r, 300)));
+  // The banner depends on GET /auth/me: wait for that answer and for the portal to have read it
+  // (#notices is busy until then), not for a fixed time.
+  assert.equal((await checked).status(), 200);
+  await page.locator('#notices:not([aria-busy])').waitFor({ state: 'attached' });
   assert.equal(await page.locator('#default-password').count(), 0);
 });
 

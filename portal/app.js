@@ -119,11 +119,15 @@ async function checkDefaultPassword() {
   notices.replaceChildren();
   const user = api.currentUser();
   if (!user) return;
+  // Busy until the answer is in: assistive technology (and the browser tests) wait for it.
+  notices.setAttribute('aria-busy', 'true');
   let me;
   try {
     me = (await api.get('auth/me')).data;
   } catch {
     return; // Advice only: a failed check shows nothing, and the page shows its own errors.
+  } finally {
+    notices.removeAttribute('aria-busy');
   }
   // Signed out, or signed in as somebody else, while the answer was on its way.
   if (api.currentUser()?.id !== me.id || !me.default_password) return;

@@ -64,7 +64,7 @@ pub async fn start(
     // sharing the request pool would leave every pooled connection holding that much memory.
     let change_log =
         change_log::ChangeLogHandle(change_log::ChangeLog::new(crate::db::create_pool(conn, 2)?).start());
-    let presence = presence::PresenceHandle(presence::Presence::new(pool.clone()).start());
+    let presence = presence::PresenceHandle(presence::Presence::new(pool.clone(), clock.clone()).start());
     let bundles =
         bundle_store::BundleStoreHandle(bundle_store::BundleStore::start(config, pool, conn, storage).await?);
     let attachments = attachment_store::AttachmentStoreHandle(

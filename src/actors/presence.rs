@@ -11,6 +11,7 @@ use actix::prelude::*;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 
+use crate::clock::Clock;
 use crate::db::presence::{self, PresenceUpsert};
 
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -60,13 +61,15 @@ impl PresenceHandle {
 
 pub struct Presence {
     pool: Pool,
+    /// Stamps sightings: the `/devices` staleness filter compares them with the same clock.
+    clock: Clock,
     devices: HashMap<(String, String), Device>,
     flushing: bool,
 }
 
 impl Presence {
-    pub fn new(pool: Pool) -> Self {
-        Presence { pool, devices: HashMap::new(), flushing: false }
+    pub fn new(pool: Pool, clock: Clock) -> Self {
+        Presence { pool, clock, devices: HashMap::new(), flushing: false }
     }
 
     fn flush(&mut self, ctx: &mut Context<Self>) {
@@ -137,8 +140,9 @@ impl Handler<Seen> for Presence {
 
     fn handle(&mut self, seen: Seen, _: &mut Self::Context) {
         let urgent = seen.is_sync_event();
+        let now = self.clock.now();
         let device = self.devices.entry((seen.username, seen.client_id)).or_insert_with(|| Device {
-            last_seen: Utc::now(),
+            last_seen: now,
             client_version: None,
             data_version: None,
             app_bundle_version: None,
@@ -146,7 +150,7 @@ impl Handler<Seen> for Presence {
             urgent: true,
             last_written: None,
         });
-        device.last_seen = Utc::now();
+        device.last_seen = now;
         device.dirty = true;
         device.urgent |= urgent;
         if seen.client_version.is_some() {

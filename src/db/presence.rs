@@ -48,11 +48,12 @@ pub struct DeviceRow {
     pub client_version: Option<String>,
 }
 
-/// Devices, optionally of one user and/or not seen for `stale_after` seconds, by last sighting.
+/// Devices, optionally of one user and/or last seen before `seen_before` (the caller's clock,
+/// which also stamped the sightings), by last sighting.
 pub async fn list(
     db: &impl GenericClient,
     username: Option<&str>,
-    stale_after_secs: Option<i64>,
+    seen_before: Option<DateTime<Utc>>,
 ) -> DbResult<(i64, Vec<DeviceRow>)> {
     let rows = db
         .query(
@@ -60,9 +61,9 @@ pub async fn list(
                     app_bundle_version, client_version
              FROM device_presence
              WHERE ($1::text IS NULL OR username = $1)
-               AND ($2::bigint IS NULL OR last_seen_at < now() - make_interval(secs => $2::bigint))
+               AND ($2::timestamptz IS NULL OR last_seen_at < $2)
              ORDER BY last_seen_at DESC, username, client_id",
-            &[&username, &stale_after_secs],
+            &[&username, &seen_before],
         )
         .await?;
     let head = match rows.first() {

@@ -71,9 +71,10 @@ pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
             ApiError::bad_request("'stale_after' must be a number of seconds").with_path("?stale_after")
         })?),
     };
+    let seen_before = stale_after.map(|secs| st.clock.now() - chrono::Duration::seconds(secs));
     let served = st
         .reads
-        .read(None, |_| 0, |db| Box::pin(async move { presence::list(&db, username, stale_after).await }))
+        .read(None, |_| 0, |db| Box::pin(async move { presence::list(&db, username, seen_before).await }))
         .await?;
     let (head, rows) = served.value;
     let devices: Vec<Device> = rows

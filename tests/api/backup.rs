@@ -169,7 +169,8 @@ async fn populate(app: &TestApp, admin: &str) -> (String, Value, Value) {
     let second = json!({"transmission_id": "tx-2", "client_id": "dev-1", "records": [
         {"observation_id": "o1", "form_type": "household", "data": {"n": 10}},
         {"observation_id": "o2", "form_type": "household", "data": {"n": 2}, "deleted": true}]});
-    assert_eq!(app.push(&writer, second).await.0, StatusCode::OK);
+    let (status, answer_2) = app.push(&writer, second).await;
+    assert_eq!(status, StatusCode::OK, "{answer_2}");
     let (status, body) =
         app.put_bytes(&writer, "/attachments/photo-1.png", &png(600, 400), Some("image/png")).await;
     assert!(status.is_success(), "{body}");
@@ -182,14 +183,22 @@ async fn populate(app: &TestApp, admin: &str) -> (String, Value, Value) {
         "uischema": {"type": "VerticalLayout", "elements": []}});
     let (status, body) = app.call(Method::POST, "/formspecs", Some(admin), Some(spec)).await;
     assert!(status.is_success(), "{body}");
-    for _ in 0..50 {
+    let cursor = answer_2["current_version"].clone();
+    wait_for_presence(app, admin, |d| d["client_id"] == "dev-1" && d["last_data_version"] == cursor).await;
+    (writer, first, answer)
+}
+
+/// Polls `/devices` until a row satisfies `written`: presence is written in batches about once a
+/// second, and a dump taken before the last batch lands differs from one taken after.
+async fn wait_for_presence(app: &TestApp, admin: &str, written: impl Fn(&Value) -> bool) {
+    for _ in 0..100 {
         let (_, devices) = app.call(Method::GET, "/devices", Some(admin), None).await;
-        if devices.as_array().is_some_and(|d| d.iter().any(|d| d["client_id"] == "dev-1")) {
-            return (writer, first, answer);
+        if devices.as_array().is_some_and(|d| d.iter().any(&written)) {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("the device's presence was not written");
+    panic!("the presence row was not written");
 }
 
 #[actix_web::test]
@@ -198,8 +207,15 @@ async fn a_round_trip_restores_everything_and_raises_the_generation() {
     let admin = app.admin_token().await;
     let (writer, first_push, first_answer) = populate(&app, &admin).await;
     let seen = observe(&app, &admin).await;
-    // Presence is written in batches about once a second: let the last one land first.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // The last sighting that is written at once (not throttled): the manifest `observe` read,
+    // which tells presence the bundle version the admin's (header-less) device was shown.
+    let shown = seen.0[COMPARED.iter().position(|p| *p == "/app-bundle/manifest").expect("manifest")]
+        ["version"]
+        .clone();
+    wait_for_presence(&app, &admin, |d| {
+        d["username"] == "admin" && d["client_id"] == "" && d["app_bundle_version"] == shown
+    })
+    .await;
 
     let archive = app.data_root.path().join("backup.zip");
     let archive_arg = archive.to_str().expect("utf-8 path");

@@ -536,11 +536,13 @@ async fn downloads_never_mix_versions_while_switching() {
     let ids: Vec<String> =
         [&v1, &v2].iter().map(|v| v["version"].as_str().unwrap_or("").to_string()).collect();
     let switching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // Files checked by all tasks so far: each switch waits for downloads since the last one.
+    let checked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
 
     let mut tasks = Vec::new();
     for task in 0..16 {
-        let (app, admin, manifests, switching) =
-            (app.clone(), admin.clone(), manifests.clone(), switching.clone());
+        let (app, admin, manifests, switching, checked) =
+            (app.clone(), admin.clone(), manifests.clone(), switching.clone(), checked.clone());
         tasks.push(actix_web::rt::spawn(async move {
             let mut files_checked = 0usize;
             let mut rounds = 0usize;
@@ -587,13 +589,19 @@ async fn downloads_never_mix_versions_while_switching() {
                         "{path} from {served}"
                     );
                     files_checked += 1;
+                    checked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
             }
             files_checked
         }));
     }
     for round in 0..10 {
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        let since = checked.load(std::sync::atomic::Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while checked.load(std::sync::atomic::Ordering::SeqCst) < since + 16 {
+            assert!(std::time::Instant::now() < deadline, "the downloads stalled");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let target = &ids[(round + 1) % 2];
         let (status, body) =
             app.call(Method::POST, &format!("/app-bundle/switch/{target}"), Some(&admin), None).await;

@@ -160,6 +160,14 @@ async fn generation_reset_and_presence() {
     assert_error(status, &err, 400, "BAD_REQUEST");
     let (status, err) = app.call(Method::GET, "/api/devices", Some(&device), None).await;
     assert_error(status, &err, 403, "FORBIDDEN");
+
+    // An hour later on the server's clock (tokens expired with it), the device is stale.
+    app.advance_clock(std::time::Duration::from_secs(3601));
+    let admin = app.admin_token().await;
+    let (_, stale) = app.call(Method::GET, "/api/devices?stale_after=3600", Some(&admin), None).await;
+    let stale_ids: Vec<&str> =
+        stale.as_array().expect("list").iter().filter_map(|d| d["client_id"].as_str()).collect();
+    assert!(stale_ids.contains(&"phone-1"), "{stale}");
 }
 
 #[actix_web::test]

@@ -63,6 +63,8 @@ async fn send_push(api: &Api, token: &str, task: usize, n: usize) -> Outcome {
 pub(crate) struct Storm {
     stop: Arc<AtomicBool>,
     pub(crate) acked: Arc<AtomicUsize>,
+    /// Pushes answered with anything but 200, or not answered.
+    pub(crate) not_acked: Arc<AtomicUsize>,
     pushers: Vec<tokio::task::JoinHandle<Vec<(usize, Outcome)>>>,
     puller: tokio::task::JoinHandle<(BTreeMap<String, i64>, i64)>,
 }
@@ -72,15 +74,20 @@ pub(crate) struct Storm {
 pub(crate) fn start_storm(api: &Api, token: &str, stop_on_lost: bool) -> Storm {
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicUsize::new(0));
+    let not_acked = Arc::new(AtomicUsize::new(0));
     let mut pushers = Vec::new();
     for task in 0..PUSHERS {
-        let (api, token, stop, acked) = (api.clone(), token.to_string(), stop.clone(), acked.clone());
+        let (api, token, stop) = (api.clone(), token.to_string(), stop.clone());
+        let (acked, not_acked) = (acked.clone(), not_acked.clone());
         pushers.push(tokio::spawn(async move {
             let mut outcomes = Vec::new();
             let mut n = 0;
             while !stop.load(Ordering::SeqCst) {
                 let outcome = send_push(&api, &token, task, n).await;
                 outcomes.push((n, outcome));
+                if outcome != Some(200) {
+                    not_acked.fetch_add(1, Ordering::SeqCst);
+                }
                 match outcome {
                     Some(200) => {
                         acked.fetch_add(1, Ordering::SeqCst);
@@ -121,7 +128,7 @@ pub(crate) fn start_storm(api: &Api, token: &str, stop_on_lost: bool) -> Storm {
         }
         (seen, cursor)
     });
-    Storm { stop, acked, pushers, puller }
+    Storm { stop, acked, not_acked, pushers, puller }
 }
 
 /// Adds a pull page to `seen`, checking the change_ids rise strictly; returns the next cursor.
@@ -505,7 +512,9 @@ async fn postgres_crash_mid_storm_gives_503s_and_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(saw_503, "a push while PostgreSQL is down gets 503");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every pusher has met the outage a few times over (each retries 100 ms after a refusal).
+    let refused_before = storm.not_acked.load(Ordering::SeqCst);
+    wait_for_acks(&storm.not_acked, refused_before + 3 * PUSHERS).await;
     assert!(storm.acked.load(Ordering::SeqCst) <= down_at + PUSHERS, "no push is acknowledged while down");
 
     let pg = crash.pg.clone();

@@ -90,8 +90,13 @@ async fn stalled_push(server: &ChildServer, token: &str, bytes: usize) -> tokio:
     stream
 }
 
-/// Waits until the server's budget gauge shows at least `bytes` held.
-async fn wait_for_budget_in_use(server: &ChildServer, token: &str, bytes: usize) {
+/// Waits until the server's budget gauge (bytes held) satisfies `reached`.
+async fn wait_for_budget_in_use(
+    server: &ChildServer,
+    token: &str,
+    reached: impl Fn(f64) -> bool,
+    what: &str,
+) {
     for _ in 0..100 {
         let res = server.client.get(server.url("/metrics")).bearer_auth(token).send().await.expect("scrape");
         let text = res.text().await.expect("metrics text");
@@ -102,12 +107,12 @@ async fn wait_for_budget_in_use(server: &ChildServer, token: &str, bytes: usize)
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.trim().parse::<f64>().ok())
             .unwrap_or(0.0);
-        if held >= bytes as f64 {
+        if reached(held) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("the stalled bodies never held {bytes} bytes of the budget");
+    panic!("{what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,7 +127,8 @@ async fn pushes_beyond_the_budget_wait_then_get_503_and_memory_stays_bounded() {
     // 5 s and is refused, with nothing stored.
     let stalled =
         [stalled_push(&server, &token, 30 * MIB).await, stalled_push(&server, &token, 30 * MIB).await];
-    wait_for_budget_in_use(&server, &token, 60 * MIB).await;
+    let held = 60.0 * MIB as f64;
+    wait_for_budget_in_use(&server, &token, |b| b >= held, "the stalled bodies never held 60 MiB").await;
     let refused_body = push_text("refused", "t-refused");
     let started = Instant::now();
     let (status, retry_after, body) = send_push(&server, &token, &refused_body).await;
@@ -133,7 +139,7 @@ async fn pushes_beyond_the_budget_wait_then_get_503_and_memory_stays_bounded() {
 
     // Once the stalled bodies go away, the same push (same transmission id) is stored once.
     drop(stalled);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_for_budget_in_use(&server, &token, |b| b == 0.0, "the dropped bodies still hold the budget").await;
     let (status, _, body) = send_push(&server, &token, &refused_body).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["success_count"], RECORDS_PER_PUSH as i64, "{body}");

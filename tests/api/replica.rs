@@ -433,25 +433,39 @@ async fn a_stopped_replica_falls_back_to_the_primary_and_returns() {
     };
     for round in 0..3 {
         push_records(&app, &admin, &format!("before-{round}"), &ids(&format!("x{round}"), 3), "f").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    served_at_least(&served[1], 1, "the replica never served the reader").await;
     pair.stop_replica().await;
     let primary_before = served[0].load(Ordering::SeqCst);
     for round in 0..5 {
         push_records(&app, &admin, &format!("down-{round}"), &ids(&format!("y{round}"), 3), "f").await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (_, health) = app.call(Method::GET, "/health", None, None).await;
-    assert_eq!(health["replicas"][0]["state"], "unreachable", "{health}");
-    assert!(served[0].load(Ordering::SeqCst) > primary_before, "the primary took over");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, health) = app.call(Method::GET, "/health", None, None).await;
+        if health["replicas"][0]["state"] == "unreachable" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stopped replica is still in rotation: {health}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    served_at_least(&served[0], primary_before + 1, "the primary did not take over").await;
 
     pair.start_replica().await;
     wait_in_rotation(&app, Duration::from_secs(20)).await;
     let replica_before = served[1].load(Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    served_at_least(&served[1], replica_before + 1, "the replica is not back in rotation").await;
     done.store(true, Ordering::SeqCst);
     reader.await.expect("reader");
-    assert!(served[1].load(Ordering::SeqCst) > replica_before, "the replica is back in rotation");
+}
+
+/// Waits until `count` reaches `at_least` (the reader task counts what served each read).
+async fn served_at_least(count: &AtomicUsize, at_least: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count.load(Ordering::SeqCst) < at_least {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Exports and statistics read from a replica equal the primary's at the same position.

@@ -120,9 +120,11 @@ async fn sigterm_during_a_push_storm_loses_no_acknowledged_push() {
     let client = server.client.clone();
     let token = server.admin_token().await;
 
+    let acked_pushes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut pushers = Vec::new();
     for worker in 0..8 {
         let (client, base, token) = (client.clone(), server.base.clone(), token.clone());
+        let acked_pushes = acked_pushes.clone();
         pushers.push(tokio::spawn(async move {
             let mut acked = Vec::new();
             for n in 0.. {
@@ -135,7 +137,10 @@ async fn sigterm_during_a_push_storm_loses_no_acknowledged_push() {
                     "records": records});
                 let sent = client.post(format!("{base}/sync/push")).bearer_auth(&token).json(&body).send().await;
                 match sent {
-                    Ok(res) if res.status() == StatusCode::OK => acked.extend(ids),
+                    Ok(res) if res.status() == StatusCode::OK => {
+                        acked.extend(ids);
+                        acked_pushes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
                     // Refused or cut off by the shutdown: not acknowledged, so not promised.
                     Ok(res) if res.status().is_server_error() => {
                         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "no 500 while stopping")
@@ -147,7 +152,12 @@ async fn sigterm_during_a_push_storm_loses_no_acknowledged_push() {
             acked
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The storm is under way (every pusher about to send again) before the signal.
+    let started = std::time::Instant::now();
+    while acked_pushes.load(std::sync::atomic::Ordering::SeqCst) < 16 {
+        assert!(started.elapsed() < Duration::from_secs(30), "the storm does not get going");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let status = server.terminate(Duration::from_secs(40)).await;
     assert!(status.success(), "exit status after SIGTERM: {status:?}");
 
