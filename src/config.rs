@@ -9,12 +9,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use secrecy::SecretSlice;
+use secrecy::{ExposeSecret, SecretSlice, SecretString};
 
 pub mod jwt_secret;
+mod storage;
 mod table;
 pub mod test_only;
 
+pub use storage::{AwsSettings, StorageConfig, StorageUrl};
 pub use table::{render_markdown_table, Variable, VARIABLES};
 
 /// A configuration problem: the message names the variable, so start-up can print one clear line.
@@ -45,11 +47,16 @@ pub enum RecordValidation {
 /// Where the database lives: an external server, or a private cluster the server runs itself.
 #[derive(Debug, Clone)]
 pub enum DatabaseConfig {
-    External(String),
-    Embedded { pg_run_as: String, pg_bin_dir: Option<PathBuf> },
+    /// `DB_CONNECTION`: a secret, as it may hold a password.
+    External(SecretString),
+    Embedded {
+        pg_run_as: String,
+        pg_bin_dir: Option<PathBuf>,
+    },
 }
 
-#[derive(Clone)]
+/// Every secret is a `secrecy` type, so this `Debug` shows none of them.
+#[derive(Debug, Clone)]
 pub struct Config {
     pub port: u16,
     pub bind_address: IpAddr,
@@ -58,7 +65,7 @@ pub struct Config {
     pub database: DatabaseConfig,
     pub db_pool_size: usize,
     /// Hot-standby replicas that serve reads (docs/api.md §18.3).
-    pub db_read_replicas: Vec<String>,
+    pub db_read_replicas: Vec<SecretString>,
     pub replica_max_wait: Duration,
     pub replica_max_lag: Duration,
     /// `JWT_SECRET`; unset, [`Config::signing_key`] finds the key in the data root.
@@ -71,13 +78,13 @@ pub struct Config {
     pub app_bundle_path: PathBuf,
     pub attachments_path: PathBuf,
     /// `STORAGE_URL`; `None` keeps the three local folders above (docs/api.md §18.1).
-    pub storage_url: Option<crate::storage::StorageUrl>,
-    pub aws: crate::storage::AwsSettings,
+    pub storage_url: Option<StorageUrl>,
+    pub aws: AwsSettings,
     /// Bound of each node's local cache of bundle files when they live in an object store.
     pub bundle_cache_bytes: u64,
     pub max_versions_kept: usize,
     pub admin_username: String,
-    pub admin_password: String,
+    pub admin_password: SecretString,
     pub public_url: Option<String>,
     pub trusted_proxies: Vec<IpNet>,
     pub cors_allowed_origins: Vec<String>,
@@ -100,20 +107,9 @@ pub struct Config {
     /// bcrypt cost of new password hashes: 12 (docs/api.md §7.1); only the test suite lowers it
     /// (see [`test_only`]).
     pub password_hash_cost: u32,
-}
-
-impl std::fmt::Debug for Config {
-    // Hand-written so that the JWT secret and the admin password never reach a log line.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("port", &self.port)
-            .field("bind_address", &self.bind_address)
-            .field("node_id", &self.node_id)
-            .field("data_root", &self.data_root)
-            .field("db_pool_size", &self.db_pool_size)
-            .field("record_validation", &self.record_validation)
-            .finish_non_exhaustive()
-    }
+    /// Every variable of [`VARIABLES`] as given or defaulted, secrets redacted: the audit log's
+    /// copy of the settings.
+    shown: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The process environment, `.env` (if present) included.
@@ -160,6 +156,7 @@ impl Config {
         for variable in VARIABLES {
             let raw = lookup(variable.name);
             variable.apply(&mut config, raw.as_deref()).map_err(|reason| invalid(variable.name, reason))?;
+            config.shown.insert(variable.name.to_string(), variable.shown(raw.as_deref()));
         }
         test_only::apply(&mut config, &lookup)?;
         Ok(config)
@@ -171,7 +168,7 @@ impl Config {
             port: 0,
             bind_address: IpAddr::from([0, 0, 0, 0]),
             node_id: String::new(),
-            database: DatabaseConfig::External(String::new()),
+            database: DatabaseConfig::Embedded { pg_run_as: String::new(), pg_bin_dir: None },
             db_pool_size: 0,
             db_read_replicas: Vec::new(),
             replica_max_wait: Duration::ZERO,
@@ -185,11 +182,11 @@ impl Config {
             app_bundle_path: PathBuf::new(),
             attachments_path: PathBuf::new(),
             storage_url: None,
-            aws: crate::storage::AwsSettings::default(),
+            aws: AwsSettings::default(),
             bundle_cache_bytes: 0,
             max_versions_kept: 0,
             admin_username: String::new(),
-            admin_password: String::new(),
+            admin_password: SecretString::from(""),
             public_url: None,
             trusted_proxies: Vec::new(),
             cors_allowed_origins: Vec::new(),
@@ -205,50 +202,21 @@ impl Config {
             transmission_retention_days: 0,
             audit_retention_days: 0,
             metrics_port: None,
-            password_hash_cost: crate::auth::BCRYPT_COST,
+            password_hash_cost: crate::domain::user::BCRYPT_COST,
+            shown: serde_json::Map::new(),
         }
     }
 
-    /// The settings as the audit log's `server.start` entry shows them: everything but the JWT
-    /// secret, the admin password and the database connection string (it may hold a password).
+    /// The settings as the audit log's `server.start` entry shows them: every variable of the
+    /// table by name, as given or defaulted, the secrets (`JWT_SECRET`, the connection strings,
+    /// the AWS keys, the admin password) only as `"(redacted)"` when set.
     pub fn without_secrets(&self) -> serde_json::Value {
-        let secs = |d: Duration| d.as_secs();
-        serde_json::json!({
-            "port": self.port,
-            "bind_address": self.bind_address.to_string(),
-            "database": match self.database {
-                DatabaseConfig::External(_) => "external",
-                DatabaseConfig::Embedded { .. } => "embedded",
-            },
-            "db_pool_size": self.db_pool_size,
-            "jwt_ttl_seconds": secs(self.jwt_ttl),
-            "refresh_ttl_seconds": secs(self.refresh_ttl),
-            "log_level": self.log_level,
-            "data_root": self.data_root.display().to_string(),
-            "app_bundle_path": self.app_bundle_path.display().to_string(),
-            "attachments_path": self.attachments_path.display().to_string(),
-            "max_versions_kept": self.max_versions_kept,
-            "admin_username": self.admin_username,
-            "public_url": self.public_url,
-            "trusted_proxies": self.trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "cors_allowed_origins": self.cors_allowed_origins,
-            "max_json_body_bytes": self.max_json_body_bytes,
-            "max_attachment_bytes": self.max_attachment_bytes,
-            "request_body_timeout_seconds": secs(self.request_body_timeout),
-            "record_validation": format!("{:?}", self.record_validation).to_lowercase(),
-            "rate_limit_login_per_min": self.rate_limit_login_per_min,
-            "rate_limit_per_user_per_sec": self.rate_limit_per_user_per_sec,
-            "export_max_concurrent": self.export_max_concurrent,
-            "export_job_ttl_seconds": secs(self.export_job_ttl),
-            "transmission_retention_days": self.transmission_retention_days,
-            "audit_retention_days": self.audit_retention_days,
-            "metrics_port": self.metrics_port,
-        })
+        serde_json::Value::Object(self.shown.clone())
     }
 
     /// True when the bootstrap admin still has the shipped default password.
     pub fn uses_default_admin_password(&self) -> bool {
-        self.admin_username == "admin" && self.admin_password == "admin"
+        self.admin_username == "admin" && self.admin_password.expose_secret() == "admin"
     }
 }
 
@@ -321,7 +289,7 @@ mod tests {
         assert_eq!(c.attachments_path, c.data_root.join("attachments"));
         assert_eq!(c.max_versions_kept, 5);
         assert_eq!(c.admin_username, "admin");
-        assert_eq!(c.admin_password, "admin");
+        assert_eq!(c.admin_password.expose_secret(), "admin");
         assert!(c.uses_default_admin_password());
         assert_eq!(c.public_url, None);
         assert!(c.trusted_proxies.is_empty());
@@ -396,7 +364,7 @@ mod tests {
             "host=/var/run/postgresql user=u dbname=x connect_timeout=10 sslmode=prefer",
         ] {
             let c = load(&[("DB_CONNECTION", conn)]).unwrap_or_else(|e| panic!("{conn}: {e}"));
-            assert!(matches!(&c.database, DatabaseConfig::External(s) if s == conn));
+            assert!(matches!(&c.database, DatabaseConfig::External(s) if s.expose_secret() == conn));
         }
         for conn in
             ["postgres://u@h:notaport/db", "host=db sslmode=sometimes", "host='unterminated", "nonsense"]
@@ -508,7 +476,7 @@ mod tests {
         assert!(c.app_bundle_path.is_absolute() && c.app_bundle_path.ends_with("bundles"));
 
         let c = load(&[("ADMIN_USERNAME", "boss"), ("ADMIN_PASSWORD", "pw")]).expect("admin");
-        assert_eq!((c.admin_username.as_str(), c.admin_password.as_str()), ("boss", "pw"));
+        assert_eq!((c.admin_username.as_str(), c.admin_password.expose_secret()), ("boss", "pw"));
         assert!(!c.uses_default_admin_password());
         for v in ["", "a/b", " lead"] {
             refused(&[("ADMIN_USERNAME", v)], "ADMIN_USERNAME");
@@ -538,7 +506,7 @@ mod tests {
     fn every_default_is_accepted_by_its_own_parser() {
         // `load` sets only what has no default; every other variable goes through its default.
         let c = load(&[]).expect("defaults parse");
-        assert_eq!(c.password_hash_cost, crate::auth::BCRYPT_COST);
+        assert_eq!(c.password_hash_cost, crate::domain::user::BCRYPT_COST);
         let names: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
         let mut distinct = names.clone();
         distinct.sort_unstable();
@@ -557,19 +525,79 @@ mod tests {
     }
 
     #[test]
-    fn the_audited_configuration_hides_secrets() {
-        let c = load(&[("ADMIN_PASSWORD", "hunter2-secret")]).expect("config");
-        let shown = c.without_secrets().to_string();
-        for secret in [SECRET, "hunter2-secret", "postgres://u:p@localhost"] {
-            assert!(!shown.contains(secret), "{shown}");
+    fn the_audited_configuration_is_every_variable_of_the_table_without_secrets() {
+        let secrets = [
+            ("JWT_SECRET", SECRET),
+            ("ADMIN_PASSWORD", "hunter2-secret"),
+            ("DB_CONNECTION", "postgres://u:pg-password@localhost:5432/db"),
+            ("DB_READ_REPLICAS", "host=replica user=u password=replica-password"),
+            ("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEKEYID"),
+            ("AWS_SECRET_ACCESS_KEY", "aws-secret-value"),
+            ("AWS_SESSION_TOKEN", "aws-session-value"),
+        ];
+        let c = load(&secrets).expect("config");
+        let shown = c.without_secrets();
+        let text = shown.to_string();
+        for (var, value) in secrets {
+            assert!(!text.contains(value), "{var}: {text}");
+            assert_eq!(shown[var], table::REDACTED, "{var}");
         }
-        assert!(shown.contains("\"audit_retention_days\":365"), "{shown}");
+        // Every variable, by name; a secret rendered the same whatever its value.
+        for variable in VARIABLES {
+            assert!(shown.get(variable.name).is_some(), "{} is missing: {text}", variable.name);
+            assert_eq!(
+                variable.secret,
+                secrets.iter().any(|(v, _)| *v == variable.name),
+                "{}",
+                variable.name
+            );
+        }
+        assert_eq!(shown.as_object().map(|o| o.len()), Some(VARIABLES.len()));
+        assert_eq!(shown["AUDIT_RETENTION_DAYS"], "365", "a default");
+        assert_eq!(shown["STORAGE_URL"], serde_json::Value::Null, "unset");
+        let c = load(&[("MAX_VERSIONS_KEPT", "7")]).expect("config");
+        assert_eq!(c.without_secrets()["MAX_VERSIONS_KEPT"], "7", "given");
+        assert_eq!(
+            load_without("JWT_SECRET", &[]).expect("embedded").without_secrets()["JWT_SECRET"],
+            serde_json::Value::Null
+        );
+    }
+
+    /// The configuration is read by every layer, so it reads none of them: the only modules it
+    /// uses are the database's connection-string parser and the domain's rules.
+    #[test]
+    fn config_is_a_leaf() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![root.join("config.rs")];
+        for entry in std::fs::read_dir(root.join("config")).expect("src/config") {
+            files.push(entry.expect("entry").path());
+        }
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("source");
+            let path_of_this_crate = concat!("crate", "::");
+            for (at, _) in text.match_indices(path_of_this_crate) {
+                let rest = &text[at + path_of_this_crate.len()..];
+                assert!(
+                    rest.starts_with("db::parse_connection") || rest.starts_with("domain::user::"),
+                    "{} reaches into {}",
+                    file.display(),
+                    rest.lines().next().unwrap_or_default()
+                );
+            }
+        }
     }
 
     #[test]
     fn debug_output_hides_secrets() {
-        let c = load(&[("ADMIN_PASSWORD", "hunter2-secret")]).expect("config");
+        let c = load(&[
+            ("ADMIN_PASSWORD", "hunter2-secret"),
+            ("AWS_SECRET_ACCESS_KEY", "aws-secret-value"),
+            ("DB_READ_REPLICAS", "host=replica password=replica-password"),
+        ])
+        .expect("config");
         let shown = format!("{c:?}");
-        assert!(!shown.contains(SECRET) && !shown.contains("hunter2-secret"), "{shown}");
+        for secret in [SECRET, "hunter2-secret", "aws-secret-value", "replica-password", "u:p@localhost"] {
+            assert!(!shown.contains(secret), "{secret}: {shown}");
+        }
     }
 }

@@ -341,6 +341,19 @@ impl ResponseError for ApiError {
     }
 }
 
+impl From<crate::auth::AuthError> for ApiError {
+    fn from(e: crate::auth::AuthError) -> Self {
+        use crate::auth::AuthError as A;
+        match e {
+            A::InvalidToken => ApiError::of(ErrorCode::InvalidToken),
+            A::TokenExpired => ApiError::of(ErrorCode::TokenExpired),
+            A::Forbidden => ApiError::forbidden(),
+            A::Db(db) => db.into(),
+            A::Internal(_) => ApiError::internal(e),
+        }
+    }
+}
+
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
         match e {

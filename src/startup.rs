@@ -65,7 +65,7 @@ pub struct EmbeddedHandle {
 /// The embedded cluster of this configuration (not started), or the `DB_CONNECTION` string.
 fn database_target(config: &Config) -> anyhow::Result<Result<EmbeddedPostgres, String>> {
     match &config.database {
-        DatabaseConfig::External(conn) => Ok(Err(conn.clone())),
+        DatabaseConfig::External(conn) => Ok(Err(conn.expose_secret().to_string())),
         DatabaseConfig::Embedded { pg_run_as, pg_bin_dir } => {
             let pg = EmbeddedPostgres::new(config.data_root.join("postgres"), pg_bin_dir.clone(), pg_run_as)?;
             std::fs::create_dir_all(&config.data_root)
@@ -130,11 +130,13 @@ impl Application {
         drop(key);
         bootstrap_admin(&config, &pool, &auth, &config.node_id).await?;
         check_data_root(&config)?;
-        let storage = Arc::new(crate::storage::Storage::open(&config)?);
+        let storage = Arc::new(crate::storage::Storage::open(&config.storage())?);
         storage.check_at_start().await?;
+        let replicas: Vec<String> =
+            config.db_read_replicas.iter().map(|r| r.expose_secret().to_string()).collect();
         let reads = crate::db::replicas::ReadRouter::new(
             pool.clone(),
-            &config.db_read_replicas,
+            &replicas,
             config.db_pool_size,
             config.export_max_concurrent,
             config.replica_max_wait,
@@ -258,13 +260,14 @@ async fn bootstrap_admin(
     let users = db::users::count(&db).await?;
     let mut created = false;
     if users == 0 {
-        let hash = auth.hash_password(config.admin_password.clone()).await?;
+        let hash = auth.hash_password(config.admin_password.expose_secret().to_string()).await?;
         let origin = Origin::server(node);
         match db::users::create(&mut db, &config.admin_username, None, &hash, Role::Admin, &origin).await {
             Ok(_) => {
                 created = true;
                 // Known without a bcrypt run: the hash was just made from the configured password.
-                auth.remember_default_password(&hash, config.admin_password == DEFAULT_ADMIN_PASSWORD);
+                let is_default = config.admin_password.expose_secret() == DEFAULT_ADMIN_PASSWORD;
+                auth.remember_default_password(&hash, is_default);
                 tracing::info!(username = %config.admin_username, "created the initial admin")
             }
             // Another process bootstrapped at the same moment.

@@ -8,7 +8,6 @@ use proptest::prelude::*;
 use crate::auth::AuthService;
 use crate::db::users::UserRow;
 use crate::domain::role::Role;
-use crate::error::ErrorCode;
 use crate::testing::*;
 
 const SECRET: &[u8] = b"fuzz-secret-fuzz-secret-fuzz-secret-0123";
@@ -62,7 +61,7 @@ proptest! {
         let mutated = String::from_utf8(bytes).expect("ascii");
         match auth.decode(&mutated) {
             Ok(_) => prop_assert!(false, "mutated token accepted: {} -> {}", token, mutated),
-            Err(code) => prop_assert!(matches!(code, ErrorCode::InvalidToken)),
+            Err(error) => prop_assert!(matches!(error, crate::auth::AuthError::InvalidToken)),
         }
     }
 

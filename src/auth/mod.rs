@@ -22,12 +22,10 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::db::users::UserRow;
+use crate::db::DbError;
 use crate::domain::role::Role;
-use crate::domain::user::DEFAULT_ADMIN_PASSWORD;
-use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::domain::user::{BCRYPT_COST, DEFAULT_ADMIN_PASSWORD};
 
-/// bcrypt cost required by docs/api.md §7.1.
-pub const BCRYPT_COST: u32 = 12;
 /// A real cost-12 bcrypt hash, so unknown users cost the same time as wrong passwords; a constant
 /// because hashing one at every start costs 0.3 s of CPU (and every CLI command starts one).
 const DUMMY_HASH: &str = "$2b$12$1uQNreaTKiKt.KfU00UNSO3Dm2iWMfcGruyBpIBSIOu2pZvPVWNKe";
@@ -46,6 +44,34 @@ pub struct Claims {
     pub jti: String,
 }
 
+/// Why a caller is not let in, or why the machinery failed; `crate::error` maps each to its HTTP
+/// answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// A bad signature, algorithm or claim, or a revoked token.
+    #[error("invalid token")]
+    InvalidToken,
+    #[error("token expired")]
+    TokenExpired,
+    /// Authenticated, but the role does not allow the action.
+    #[error("the caller's role does not allow this")]
+    Forbidden,
+    /// The revocation check could not read the database.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// Signing or hashing failed (never the caller's fault).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl AuthError {
+    fn internal(cause: impl std::fmt::Display) -> Self {
+        AuthError::Internal(cause.to_string())
+    }
+}
+
+pub type AuthResult<T> = Result<T, AuthError>;
+
 /// A verified caller, as handlers see it.
 #[derive(Debug, Clone)]
 pub struct AuthUser {
@@ -58,11 +84,11 @@ pub struct AuthUser {
 
 impl AuthUser {
     /// Authorization after authentication: a 401 always wins over a 403.
-    pub fn require(&self, role: Role) -> ApiResult<()> {
+    pub fn require(&self, role: Role) -> AuthResult<()> {
         if self.role.allows(role) {
             Ok(())
         } else {
-            Err(ApiError::forbidden())
+            Err(AuthError::Forbidden)
         }
     }
 }
@@ -129,7 +155,7 @@ impl AuthService {
         Ok(auth)
     }
 
-    pub fn issue_access_token(&self, user: &UserRow) -> ApiResult<IssuedToken> {
+    pub fn issue_access_token(&self, user: &UserRow) -> AuthResult<IssuedToken> {
         let iat = self.clock.now().timestamp();
         let exp = iat + self.access_ttl.as_secs() as i64;
         // The generation rides in the jti so revocation needs no claim of its own.
@@ -145,26 +171,26 @@ impl AuthService {
             jti,
         };
         let token = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
-            .map_err(ApiError::internal)?;
+            .map_err(AuthError::internal)?;
         Ok(IssuedToken { token, expires_at: exp })
     }
 
     /// Signature, algorithm and expiry; revocation is checked separately (it needs the database).
     /// A token is valid up to and including the second of its `exp`.
-    pub fn decode(&self, token: &str) -> Result<Claims, ErrorCode> {
+    pub fn decode(&self, token: &str) -> AuthResult<Claims> {
         let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
-            .map_err(|_| ErrorCode::InvalidToken)?
+            .map_err(|_| AuthError::InvalidToken)?
             .claims;
         if claims.exp < self.clock.now().timestamp() {
-            return Err(ErrorCode::TokenExpired);
+            return Err(AuthError::TokenExpired);
         }
         Ok(claims)
     }
 
     /// Full verification: decode, then the per-user generation and the logout denylist.
-    pub async fn verify(&self, token: &str, pool: &deadpool_postgres::Pool) -> ApiResult<AuthUser> {
-        let claims = self.decode(token).map_err(ApiError::of)?;
-        let invalid = || ApiError::of(ErrorCode::InvalidToken);
+    pub async fn verify(&self, token: &str, pool: &deadpool_postgres::Pool) -> AuthResult<AuthUser> {
+        let claims = self.decode(token)?;
+        let invalid = || AuthError::InvalidToken;
         let id = Uuid::parse_str(&claims.sub).map_err(|_| invalid())?;
         let role = Role::parse(&claims.role).ok_or_else(invalid)?;
         let token_generation: i64 =
@@ -182,7 +208,7 @@ impl AuthService {
         jti: &str,
         user_id: Uuid,
         pool: &deadpool_postgres::Pool,
-    ) -> ApiResult<CachedCheck> {
+    ) -> AuthResult<CachedCheck> {
         // Keyed by user as well: the jti alone would let a cached check vouch for another `sub`.
         let key = cache_key(user_id, jti);
         if let Some(hit) = self.checks.get(&key) {
@@ -190,7 +216,7 @@ impl AuthService {
                 return Ok(*hit);
             }
         }
-        let db = pool.get().await?;
+        let db = pool.get().await.map_err(DbError::from)?;
         let (generation, revoked) = crate::db::users::token_state(&db, user_id, jti).await?;
         let check = CachedCheck { generation, revoked, fetched: Instant::now() };
         if self.checks.len() > 100_000 {
@@ -214,22 +240,22 @@ impl AuthService {
         self.checks.clear();
     }
 
-    pub async fn hash_password(&self, password: String) -> ApiResult<String> {
+    pub async fn hash_password(&self, password: String) -> AuthResult<String> {
         hash_password(password, self.password_cost).await
     }
 
     /// Checks a password against a stored hash (or the dummy hash when the user is unknown).
-    pub async fn verify_password(&self, password: String, hash: Option<String>) -> ApiResult<bool> {
+    pub async fn verify_password(&self, password: String, hash: Option<String>) -> AuthResult<bool> {
         let known = hash.is_some();
         let hash = hash.unwrap_or_else(|| self.dummy_hash.clone());
         let ok = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash).unwrap_or(false))
             .await
-            .map_err(ApiError::internal)?;
+            .map_err(AuthError::internal)?;
         Ok(known && ok)
     }
 
     /// Whether `hash` is a hash of the shipped default password (`admin`).
-    pub async fn is_default_password(&self, hash: &str) -> ApiResult<bool> {
+    pub async fn is_default_password(&self, hash: &str) -> AuthResult<bool> {
         let known = self.default_password_check.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some((checked, answer)) = known {
             if checked == hash {
@@ -250,11 +276,11 @@ impl AuthService {
 }
 
 /// A bcrypt hash of `password` at `cost`, off the executor (the CLI hashes without a signing key).
-pub async fn hash_password(password: String, cost: u32) -> ApiResult<String> {
+pub async fn hash_password(password: String, cost: u32) -> AuthResult<String> {
     tokio::task::spawn_blocking(move || bcrypt::hash(password, cost))
         .await
-        .map_err(ApiError::internal)?
-        .map_err(ApiError::internal)
+        .map_err(AuthError::internal)?
+        .map_err(AuthError::internal)
 }
 
 fn cache_key(user_id: Uuid, jti: &str) -> String {

@@ -139,7 +139,7 @@ async fn write_parts(
     let versions = db::backup::stored_bundle_versions(&tx).await?;
     tx.commit().await?;
 
-    let storage = Storage::open(config)?;
+    let storage = Storage::open(&config.storage())?;
     add_attachments(&storage.attachments, archive, &hashes, &mut parts, &mut counts).await?;
     add_bundles(&storage.bundles, archive, &versions, &mut parts, &mut counts).await?;
     Ok(Manifest {

@@ -85,7 +85,7 @@ async fn restore(
     let generation = load(&pool, input, manifest, &staging, config).await?;
     db::migrate(&pool).await.context("migrating the restored database to this synkronus")?;
     if force {
-        prune(&Storage::open(config)?, manifest).await;
+        prune(&Storage::open(&config.storage())?, manifest).await;
     }
     Ok(generation)
 }
@@ -261,7 +261,7 @@ async fn load(
         }
     }
     let generation = db::backup::raise_generation(&tx, replaced).await?;
-    staging.move_into_place(&Storage::open(config)?).await?;
+    staging.move_into_place(&Storage::open(&config.storage())?).await?;
     tx.commit().await.context("committing the restored database")?;
     Ok(generation)
 }

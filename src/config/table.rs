@@ -9,9 +9,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use secrecy::SecretSlice;
+use secrecy::{SecretSlice, SecretString};
 
 use super::{absolute, Config, DatabaseConfig, LogFormat, RecordValidation};
+
+/// What the audit log shows of a secret that is set.
+pub const REDACTED: &str = "(redacted)";
 
 /// Stores a parsed value in the configuration, or says why the text is not one.
 type SetValue = fn(&mut Config, &str) -> Result<(), String>;
@@ -23,6 +26,8 @@ pub struct Variable {
     pub name: &'static str,
     /// The README's "Meaning" column (Markdown).
     pub meaning: &'static str,
+    /// Its value is never shown: the audit log's copy of the settings says only whether it is set.
+    pub secret: bool,
     kind: Kind,
 }
 
@@ -40,7 +45,7 @@ impl Variable {
         meaning: &'static str,
         set: SetValue,
     ) -> Self {
-        Variable { name, meaning, kind: Kind::Defaulted(default, set) }
+        Variable { name, meaning, secret: false, kind: Kind::Defaulted(default, set) }
     }
 
     const fn optional(
@@ -49,7 +54,23 @@ impl Variable {
         meaning: &'static str,
         set: SetOptional,
     ) -> Self {
-        Variable { name, meaning, kind: Kind::Optional(unset, set) }
+        Variable { name, meaning, secret: false, kind: Kind::Optional(unset, set) }
+    }
+
+    const fn secret(self) -> Self {
+        Variable { secret: true, ..self }
+    }
+
+    /// The setting as the audit log's `server.start` entry shows it: the text given or the
+    /// default, `null` when unset without one, `"(redacted)"` for a secret that is set.
+    pub fn shown(&self, raw: Option<&str>) -> serde_json::Value {
+        let raw = raw.filter(|s| !s.trim().is_empty());
+        match (&self.kind, raw) {
+            (_, Some(_)) if self.secret => REDACTED.into(),
+            (_, Some(raw)) => raw.into(),
+            (Kind::Defaulted(default, _), None) => (*default).into(),
+            (Kind::Optional(..), None) => serde_json::Value::Null,
+        }
     }
 
     /// The README's "Default" column.
@@ -113,13 +134,13 @@ pub static VARIABLES: &[Variable] = &[
             c.database = match non_blank(raw) {
                 Some(conn) => {
                     crate::db::parse_connection(conn)?;
-                    DatabaseConfig::External(conn.to_string())
+                    DatabaseConfig::External(SecretString::from(conn))
                 }
                 None => DatabaseConfig::Embedded { pg_run_as: String::new(), pg_bin_dir: None },
             };
             Ok(())
         },
-    ),
+    ).secret(),
     Variable::defaulted(
         "PG_RUN_AS",
         "postgres",
@@ -157,12 +178,12 @@ pub static VARIABLES: &[Variable] = &[
             let mut replicas = Vec::new();
             for conn in raw.unwrap_or_default().split(',').map(str::trim).filter(|s| !s.is_empty()) {
                 crate::db::parse_connection(conn)?;
-                replicas.push(conn.to_string());
+                replicas.push(SecretString::from(conn));
             }
             c.db_read_replicas = replicas;
             Ok(())
         },
-    ),
+    ).secret(),
     Variable::defaulted(
         "REPLICA_MAX_WAIT_MS",
         "500",
@@ -194,7 +215,7 @@ pub static VARIABLES: &[Variable] = &[
             };
             Ok(())
         },
-    ),
+    ).secret(),
     Variable::defaulted("JWT_TTL_SECONDS", "3600", "Access-token lifetime", set!(jwt_ttl = seconds)),
     Variable::defaulted(
         "REFRESH_TTL_SECONDS",
@@ -247,22 +268,22 @@ pub static VARIABLES: &[Variable] = &[
         "unset",
         "Where files live: unset, the three folders above; `file:///absolute/path`; `s3://BUCKET[/PREFIX]` (docs/storage.md)",
         |c, raw| {
-            c.storage_url = raw.map(crate::storage::StorageUrl::parse).transpose()?;
+            c.storage_url = raw.map(super::StorageUrl::parse).transpose()?;
             Ok(())
         },
     ),
     Variable::optional("AWS_ACCESS_KEY_ID", "unset", "S3 access key", |c, raw| {
-        c.aws.access_key_id = raw.map(str::to_owned);
+        c.aws.access_key_id = raw.map(SecretString::from);
         Ok(())
-    }),
+    }).secret(),
     Variable::optional("AWS_SECRET_ACCESS_KEY", "unset", "S3 secret key", |c, raw| {
-        c.aws.secret_access_key = raw.map(str::to_owned);
+        c.aws.secret_access_key = raw.map(SecretString::from);
         Ok(())
-    }),
+    }).secret(),
     Variable::optional("AWS_SESSION_TOKEN", "unset", "S3 session token", |c, raw| {
-        c.aws.session_token = raw.map(str::to_owned);
+        c.aws.session_token = raw.map(SecretString::from);
         Ok(())
-    }),
+    }).secret(),
     Variable::defaulted("AWS_REGION", "us-east-1", "S3 region", |c, raw| {
         c.aws.region = raw.trim().to_owned();
         Ok(())
@@ -310,9 +331,9 @@ pub static VARIABLES: &[Variable] = &[
         if raw.is_empty() {
             return Err("must not be empty".into());
         }
-        c.admin_password = raw.to_string();
+        c.admin_password = SecretString::from(raw);
         Ok(())
-    }),
+    }).secret(),
     Variable::optional(
         "PUBLIC_URL",
         "unset",

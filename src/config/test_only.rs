@@ -4,7 +4,7 @@
 //! weaken a deployed server by accident.
 
 use super::{invalid, Config, ConfigError};
-use crate::auth::BCRYPT_COST;
+use crate::domain::user::BCRYPT_COST;
 
 /// Lowers the bcrypt cost of new password hashes (4 to 12): spawned test servers hash the
 /// initial admin's password and tests create users by the hundred, at 0.25 s a hash at cost 12.

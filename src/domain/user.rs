@@ -5,6 +5,8 @@
 /// to that user through `GET /auth/me` (docs/api.md §6.5, §18.4).
 pub const DEFAULT_ADMIN_USERNAME: &str = "admin";
 pub const DEFAULT_ADMIN_PASSWORD: &str = "admin";
+/// bcrypt cost of stored password hashes (docs/api.md §7.1).
+pub const BCRYPT_COST: u32 = 12;
 
 /// Why a username, email or password was refused; the message is shown to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -137,7 +137,7 @@ impl Engine {
         let dir = config.data_root.join("exports");
         std::fs::create_dir_all(&dir)?;
         remove_stale_files(&dir, config.export_job_ttl);
-        let exports = crate::storage::Storage::open(config)?.exports;
+        let exports = crate::storage::Storage::open(&config.storage())?.exports;
         if !exports.is_local() {
             handle.spawn(remove_stale_stored(exports.clone(), config.export_job_ttl));
         }

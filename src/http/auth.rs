@@ -159,7 +159,7 @@ pub async fn verify(req: HttpRequest) -> ApiResult<HttpResponse> {
     let Some(token) = bearer_token(header) else {
         return Ok(HttpResponse::Ok().json(invalid("MISSING_TOKEN")));
     };
-    match st.auth.verify(token, &st.pool).await {
+    match st.auth.verify(token, &st.pool).await.map_err(ApiError::from) {
         Ok(user) => Ok(HttpResponse::Ok().json(Verification {
             error: None,
             expires_at: Some(time::format(user.expires_at)),

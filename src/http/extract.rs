@@ -52,7 +52,7 @@ pub async fn authenticate(req: &HttpRequest) -> ApiResult<AuthUser> {
     let state = state(req)?;
     let header = req.headers().get("authorization").and_then(|v| v.to_str().ok());
     let token = bearer_token(header).ok_or_else(|| ApiError::of(ErrorCode::MissingToken))?;
-    state.auth.verify(token, &state.pool).await
+    Ok(state.auth.verify(token, &state.pool).await?)
 }
 
 /// The device's client id from `x-ode-client-id`, if sent.

@@ -103,7 +103,7 @@ async fn import(
     };
     ctx.progress.done();
     let (report, done, mut written) = (ctx.report, ctx.done, ctx.written);
-    let storage = crate::storage::Storage::open(config)?;
+    let storage = crate::storage::Storage::open(&config.storage())?;
     let mut staged_only = false;
     let result = match outcome {
         Ok(head) if !args.dry_run => match written.publish(&storage, config).await {

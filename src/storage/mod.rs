@@ -8,7 +8,6 @@ mod local;
 mod object;
 pub mod ops;
 pub mod sweep;
-pub mod url;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -17,9 +16,8 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 
-use crate::config::Config;
+use crate::config::{StorageConfig, StorageUrl};
 pub use object::ObjectArea;
-pub use url::{AwsSettings, StorageUrl};
 
 /// An unreachable object store answers within this (docs/api.md §18.1 asks 10 s for a 503).
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(8);
@@ -167,18 +165,13 @@ pub struct Storage {
 }
 
 impl Storage {
-    /// The areas `config` names; an S3 bucket is not contacted yet (see [`Storage::check`]).
-    pub fn open(config: &Config) -> anyhow::Result<Storage> {
-        Self::at(config.storage_url.as_ref(), &config.aws, config)
-    }
-
-    /// The areas of `url` (`None`: today's local folders), for `storage copy --to`.
-    pub fn at(url: Option<&StorageUrl>, aws: &AwsSettings, config: &Config) -> anyhow::Result<Storage> {
-        Ok(match url {
+    /// The areas `settings` name; an S3 bucket is not contacted yet (see [`Storage::check`]).
+    pub fn open(settings: &StorageConfig) -> anyhow::Result<Storage> {
+        Ok(match &settings.url {
             None => Storage {
-                attachments: Area::Local(config.attachments_path.clone()),
-                bundles: Area::Local(config.app_bundle_path.clone()),
-                exports: Area::Local(config.data_root.join("exports")),
+                attachments: Area::Local(settings.attachments_path.clone()),
+                bundles: Area::Local(settings.app_bundle_path.clone()),
+                exports: Area::Local(settings.exports_path.clone()),
             },
             Some(StorageUrl::File(root)) => Storage {
                 attachments: Area::Local(root.join("attachments")),
@@ -186,7 +179,7 @@ impl Storage {
                 exports: Area::Local(root.join("exports")),
             },
             Some(StorageUrl::S3 { bucket, prefix }) => {
-                let (store, reader) = object::connect(bucket, aws)?;
+                let (store, reader) = object::connect(bucket, &settings.aws)?;
                 let area = |name: &str| {
                     Area::Object(ObjectArea::new(
                         store.clone(),

@@ -19,7 +19,10 @@ use object_store::{
 };
 use tokio::io::AsyncReadExt;
 
-use super::{AwsSettings, ByteStream, Entry, StorageError, StorageResult, STORE_TIMEOUT};
+use secrecy::ExposeSecret;
+
+use super::{ByteStream, Entry, StorageError, StorageResult, STORE_TIMEOUT};
+use crate::config::AwsSettings;
 
 /// Smaller files go up in one conditional PUT.
 pub const MULTIPART_THRESHOLD: u64 = 8 * 1024 * 1024;
@@ -52,13 +55,13 @@ pub(super) fn connect(
             builder = builder.with_endpoint(endpoint).with_virtual_hosted_style_request(false);
         }
         if let Some(key) = &aws.access_key_id {
-            builder = builder.with_access_key_id(key);
+            builder = builder.with_access_key_id(key.expose_secret());
         }
         if let Some(secret) = &aws.secret_access_key {
-            builder = builder.with_secret_access_key(secret);
+            builder = builder.with_secret_access_key(secret.expose_secret());
         }
         if let Some(token) = &aws.session_token {
-            builder = builder.with_token(token);
+            builder = builder.with_token(token.expose_secret());
         }
         let store = builder.build().map_err(|e| anyhow::anyhow!("STORAGE_URL: {e}"))?;
         Ok(Arc::new(store))

@@ -3,8 +3,8 @@
 use clap::Subcommand;
 use futures_util::{StreamExt, TryStreamExt};
 
-use super::{sweep, Area, Entry, Storage, StorageError, StorageUrl};
-use crate::config::Config;
+use super::{sweep, Area, Entry, Storage, StorageError};
+use crate::config::{Config, StorageConfig, StorageUrl};
 
 #[derive(Subcommand)]
 pub enum StorageCommand {
@@ -23,8 +23,8 @@ pub async fn run(config: &Config, command: StorageCommand) -> anyhow::Result<()>
     match command {
         StorageCommand::Copy { to } => {
             let url = StorageUrl::parse(&to).map_err(|e| anyhow::anyhow!("--to: {e}"))?;
-            let from = Storage::open(config)?;
-            let target = Storage::at(Some(&url), &config.aws, config)?;
+            let from = Storage::open(&config.storage())?;
+            let target = Storage::open(&StorageConfig { url: Some(url.clone()), ..config.storage() })?;
             target.check_at_start().await?;
             let scratch = config.data_root.join(format!(".storage-copy-{}", uuid::Uuid::new_v4().simple()));
             tokio::fs::create_dir_all(&scratch).await?;
@@ -39,7 +39,7 @@ pub async fn run(config: &Config, command: StorageCommand) -> anyhow::Result<()>
         }
         StorageCommand::Gc => {
             let (pool, embedded) = crate::startup::connect_and_migrate(config).await?;
-            let storage = Storage::open(config)?;
+            let storage = Storage::open(&config.storage())?;
             let result = async {
                 let candidates = sweep::attachment_candidates(&storage.attachments, &pool).await?;
                 let attachments =

@@ -296,4 +296,10 @@ async fn version_names_the_release_and_the_commit() {
     let commit = r.stdout.trim().strip_prefix(&prefix).and_then(|rest| rest.strip_suffix(')'));
     let commit = commit.unwrap_or_else(|| panic!("unexpected --version output: {}", r.stdout));
     assert!(commit.len() >= 7 && commit.bytes().all(|b| b.is_ascii_hexdigit()), "{commit}");
+    // Neither reads the configuration: a broken one does not stop them.
+    for args in [&["--version"][..], &["--help"][..], &["backup", "--help"][..]] {
+        let r = run(args, &[("PORT", "http"), ("JWT_SECRET", "short")]).await;
+        assert_ok(&r);
+        assert!(!r.stdout.is_empty(), "{args:?}");
+    }
 }

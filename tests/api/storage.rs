@@ -7,7 +7,8 @@ use bytes::Bytes;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use synkronus::config::Config;
-use synkronus::storage::{Area, Storage, StorageError, StorageUrl};
+use synkronus::config::StorageUrl;
+use synkronus::storage::{Area, Storage, StorageError};
 
 use crate::helpers::{small_bundle, test_env, zip_bytes, S3Server, TestApp};
 
@@ -19,7 +20,7 @@ fn config(env: &[(String, String)]) -> Config {
 
 fn storage_at(env: &[(String, String)]) -> Storage {
     let config = config(env);
-    Storage::at(config.storage_url.as_ref(), &config.aws, &config).expect("storage")
+    Storage::open(&config.storage()).expect("storage")
 }
 
 async fn read(area: &Area, key: &str, range: Option<std::ops::Range<u64>>) -> Vec<u8> {

@@ -1,6 +1,36 @@
-//! `STORAGE_URL` and the `AWS_*` variables (docs/api.md §18.1), parsed at start-up.
+//! Where files live: `STORAGE_URL`, the `AWS_*` variables (docs/api.md §18.1) and the local
+//! folders, as the one section of the configuration that `Storage::open` takes.
 
 use std::path::PathBuf;
+
+use secrecy::SecretString;
+
+use super::Config;
+
+/// What `Storage::open` needs to know, and nothing else.
+#[derive(Debug, Clone)]
+pub struct StorageConfig {
+    /// `None`: the three local folders below.
+    pub url: Option<StorageUrl>,
+    pub aws: AwsSettings,
+    pub attachments_path: PathBuf,
+    pub app_bundle_path: PathBuf,
+    pub exports_path: PathBuf,
+}
+
+impl Config {
+    /// The storage section: `STORAGE_URL`, `AWS_*`, `ATTACHMENTS_PATH`, `APP_BUNDLE_PATH` and
+    /// `DATA_ROOT/exports`.
+    pub fn storage(&self) -> StorageConfig {
+        StorageConfig {
+            url: self.storage_url.clone(),
+            aws: self.aws.clone(),
+            attachments_path: self.attachments_path.clone(),
+            app_bundle_path: self.app_bundle_path.clone(),
+            exports_path: self.data_root.join("exports"),
+        }
+    }
+}
 
 /// Where files live, as `STORAGE_URL` names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,25 +73,15 @@ impl std::fmt::Display for StorageUrl {
     }
 }
 
-/// The standard AWS variables; secrets never reach a log line (no `Debug` of the keys).
-#[derive(Clone, Default)]
+/// The standard AWS variables; the keys are secrets (their `Debug` shows no value).
+#[derive(Debug, Clone, Default)]
 pub struct AwsSettings {
-    pub access_key_id: Option<String>,
-    pub secret_access_key: Option<String>,
-    pub session_token: Option<String>,
+    pub access_key_id: Option<SecretString>,
+    pub secret_access_key: Option<SecretString>,
+    pub session_token: Option<SecretString>,
     pub region: String,
     pub endpoint: Option<String>,
     pub allow_http: bool,
-}
-
-impl std::fmt::Debug for AwsSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AwsSettings")
-            .field("region", &self.region)
-            .field("endpoint", &self.endpoint)
-            .field("allow_http", &self.allow_http)
-            .finish_non_exhaustive()
-    }
 }
 
 #[cfg(test)]
