@@ -10,6 +10,7 @@ pub mod mime;
 pub mod page_token;
 pub mod problem;
 pub mod role;
+pub mod scope;
 pub mod sync;
 pub mod time;
 pub mod user;
