@@ -17,6 +17,7 @@ pub mod login_attempts;
 pub mod presence;
 pub mod records;
 pub mod replicas;
+pub mod scope;
 pub mod stats;
 pub mod status;
 pub mod supervision;

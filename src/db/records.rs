@@ -116,9 +116,20 @@ impl Stream for PageRows {
     }
 }
 
-/// Starts reading the page after `after` (see [`PageRows`]) and waits for its first row, which
-/// carries the head.
-pub async fn pull_page(db: Object, after: i64, types: &[String], limit: i64) -> DbResult<PageRows> {
+impl PageRows {
+    /// A page whose first row (which carries the head) has arrived; a first row without a record
+    /// is an empty page.
+    pub(crate) fn new(head: Head, first: Row, rest: Pin<Box<RowStream>>, db: Object) -> DbResult<PageRows> {
+        let first = first.try_get::<_, Option<&str>>(2)?.is_some().then_some(first);
+        Ok(PageRows { head, first, rest, _db: db })
+    }
+}
+
+/// Starts reading `username`'s page after `after` (see [`PageRows`]) and waits for its first row,
+/// which carries the head. While no scope set is in force (and for admins) that is every change;
+/// otherwise, or while the user has redeliveries to receive, the statement says so in its last
+/// column and the page is read as `scope::pull` reads it, in a snapshot of its own.
+pub async fn pull_page(db: Object, username: &str, after: i64, types: &[String], limit: i64) -> DbResult<PageRows> {
     // With a type filter, each type is read in change_id order from (form_type, change_id) and
     // the short lists are merged. Written as `form_type = ANY(...)`, the planner picks a bitmap
     // scan of every matching row plus a sort whenever its statistics lag behind a burst of
@@ -142,9 +153,18 @@ pub async fn pull_page(db: Object, after: i64, types: &[String], limit: i64) -> 
              ) x ORDER BY x.change_id LIMIT $2"
         )
     };
+    // The username is the last parameter: $3 without a type filter, $4 with one.
+    let user = if types.is_empty() { "$3" } else { "$4" };
     let sql = format!(
-        "WITH h AS (SELECT head, repository_generation FROM change_head)
-         SELECT h.head, h.repository_generation, r.* FROM h LEFT JOIN LATERAL ({page}) r ON true"
+        "WITH h AS (
+             SELECT c.head, c.repository_generation,
+                    (s.active_version > 0 AND coalesce(u.role <> 'admin', true)) OR EXISTS (
+                        SELECT 1 FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id
+                         WHERE eu.username = {user} AND e.base IS NOT NULL AND e.base + e.size > $1
+                    ) AS scoped
+               FROM change_head c CROSS JOIN scope_state s LEFT JOIN users u ON u.username = {user}
+         )
+         SELECT h.head, h.repository_generation, r.*, h.scoped FROM h LEFT JOIN LATERAL ({page}) r ON true"
     );
     let mut distinct_types: Vec<&str> = types.iter().map(String::as_str).collect();
     distinct_types.sort_unstable();
@@ -153,18 +173,24 @@ pub async fn pull_page(db: Object, after: i64, types: &[String], limit: i64) -> 
     let statement = db.prepare_cached(&sql).await?;
     let limit = limit + 1;
     let mut rest = Box::pin(if distinct_types.is_empty() {
-        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit]).await?
+        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &username]).await?
     } else {
-        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &distinct_types]).await?
+        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &distinct_types, &username]).await?
     });
     // The LEFT JOIN gives exactly one row, its record columns NULL, when the page is empty.
     let Some(first) = rest.next().await.transpose()? else {
         return Err(DbError::Other("the page statement returned no row".into()));
     };
+    if first.try_get::<_, bool>(SCOPED_COLUMN)? {
+        drop(rest);
+        return crate::db::scope::pull::page(db, username, after, &distinct_types, limit - 1).await;
+    }
     let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
-    let first = first.try_get::<_, Option<&str>>(2)?.is_some().then_some(first);
-    Ok(PageRows { head, first, rest, _db: db })
+    PageRows::new(head, first, rest, db)
 }
+
+/// The unscoped page's last column: true when the page must be read as a scoped one.
+const SCOPED_COLUMN: usize = 15;
 
 /// A row of [`PageRows`] as the page writer takes it, borrowed from the row's bytes.
 pub fn pulled_record(row: &Row) -> DbResult<PulledRecord<'_>> {

@@ -24,6 +24,7 @@ pub enum Action {
     RoleChanged,
     PasswordReset,
     PasswordChanged,
+    AttributesChanged,
     BundlePushed,
     BundleActivated,
     BundleRolledBack,
@@ -32,11 +33,13 @@ pub enum Action {
     FormSpecChanged,
     ExportStarted,
     ExportDownloaded,
+    ScopeSetChanged,
+    ScopeSetActivated,
     ServerStarted,
 }
 
 impl Action {
-    pub const ALL: [Action; 17] = [
+    pub const ALL: [Action; 20] = [
         Action::SignIn,
         Action::SignInFailed,
         Action::RefreshTokenReused,
@@ -45,6 +48,7 @@ impl Action {
         Action::RoleChanged,
         Action::PasswordReset,
         Action::PasswordChanged,
+        Action::AttributesChanged,
         Action::BundlePushed,
         Action::BundleActivated,
         Action::BundleRolledBack,
@@ -53,6 +57,8 @@ impl Action {
         Action::FormSpecChanged,
         Action::ExportStarted,
         Action::ExportDownloaded,
+        Action::ScopeSetChanged,
+        Action::ScopeSetActivated,
         Action::ServerStarted,
     ];
 
@@ -66,6 +72,7 @@ impl Action {
             Action::RoleChanged => "user.role_change",
             Action::PasswordReset => "user.password_reset",
             Action::PasswordChanged => "user.password_change",
+            Action::AttributesChanged => "user.attributes_change",
             Action::BundlePushed => "bundle.push",
             Action::BundleActivated => "bundle.activate",
             Action::BundleRolledBack => "bundle.rollback",
@@ -74,6 +81,8 @@ impl Action {
             Action::FormSpecChanged => "formspec.change",
             Action::ExportStarted => "export.start",
             Action::ExportDownloaded => "export.download",
+            Action::ScopeSetChanged => "scope.change",
+            Action::ScopeSetActivated => "scope.activate",
             Action::ServerStarted => "server.start",
         }
     }

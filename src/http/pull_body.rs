@@ -51,22 +51,29 @@ pub enum StartedBody {
 /// Starts reading the page `pull` asks for on `db` and waits for its first chunk. A failure until
 /// then is returned (and answered as any error); after it, it breaks the streamed body.
 /// `span` is the request's, for the log line of such a failure.
-pub async fn start(db: Object, pull: PullRequest, gzip: bool, span: tracing::Span) -> DbResult<PageStart> {
+pub async fn start(
+    db: Object,
+    username: String,
+    pull: PullRequest,
+    gzip: bool,
+    span: tracing::Span,
+) -> DbResult<PageStart> {
     let (started, start) = oneshot::channel();
-    crate::db::drivers::spawn_beside(db, move |db| read(db, pull, gzip, span, started));
+    crate::db::drivers::spawn_beside(db, move |db| read(db, username, pull, gzip, span, started));
     start.await.map_err(|_| DbError::other("the page reader stopped before the first chunk"))?
 }
 
 /// The page task: the first chunk, then the rest into the body's channel.
 async fn read(
     db: Object,
+    username: String,
     pull: PullRequest,
     gzip: bool,
     span: tracing::Span,
     started: oneshot::Sender<DbResult<PageStart>>,
 ) {
     let first = async {
-        let rows = records::pull_page(db, pull.after, &pull.types, pull.limit).await?;
+        let rows = records::pull_page(db, &username, pull.after, &pull.types, pull.limit).await?;
         let Head { change_id: head, repository_generation } = rows.head;
         let writer =
             PageWriter::new(pull.dialect, head, repository_generation, pull.limit, pull.types.clone());

@@ -188,6 +188,7 @@ async fn check_schemas(st: &AppState, request: &mut PushRequest) -> ApiResult<()
 /// primary).
 async fn pull_page(
     st: &AppState,
+    username: &str,
     pull: &PullRequest,
     client_generation: Option<i64>,
     gzip: bool,
@@ -205,7 +206,7 @@ async fn pull_page(
     let served = st
         .reads
         .read(Some(pull.after), position, move |db| {
-            Box::pin(pull_body::start(db, pull.clone(), gzip, span.clone()))
+            Box::pin(pull_body::start(db, username.to_owned(), pull.clone(), gzip, span.clone()))
         })
         .await?;
     let generation = served.value.head.repository_generation;
@@ -260,7 +261,7 @@ pub async fn pull(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody
     };
     let pull = decode_pull(&body, &query)?;
     let gzip = compress::wants_gzip(&req);
-    let page = pull_page(st, &pull, client_generation(&req, &body), gzip).await?;
+    let page = pull_page(st, &caller.username, &pull, client_generation(&req, &body), gzip).await?;
     Ok(pull_response(&req, st, &caller.username, &pull, gzip, page))
 }
 
@@ -283,7 +284,7 @@ pub async fn pull_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     };
     let pull = decode_pull_query(&query_pairs(&req), dialect)?;
     let gzip = compress::wants_gzip(&req);
-    let page = pull_page(st, &pull, client_generation(&req, &Value::Null), gzip).await?;
+    let page = pull_page(st, &caller.username, &pull, client_generation(&req, &Value::Null), gzip).await?;
     Ok(pull_response(&req, st, &caller.username, &pull, gzip, page))
 }
 

@@ -6,6 +6,7 @@
 pub mod attributes;
 pub mod extract;
 pub mod keys;
+pub mod refs;
 pub mod rules;
 
 pub use attributes::UserAttributes;

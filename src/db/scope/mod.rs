@@ -1,0 +1,194 @@
+//! SQL of scoped sync (docs/api.md §20; the design: docs/architecture.md, "Scoped sync"): the
+//! versions of the scope set and the state pointer, the keys written with records, redelivery
+//! events, the scoped pull page, and what readers filter by.
+
+pub mod prepare;
+pub mod pull;
+pub mod read;
+pub mod users;
+pub mod write;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+
+use crate::db::records::CHANGELOG_LOCK;
+use crate::db::{DbError, DbResult};
+use crate::domain::scope::{Family, KeyPlan, ScopeRules};
+
+/// The set in force and the one being prepared, as one snapshot saw them.
+#[derive(Debug, Clone, Default)]
+pub struct ScopeState {
+    /// 0 when no set is in force.
+    pub active_version: i64,
+    pub preparing_version: Option<i64>,
+    /// Rises with every change of either: the commit path keeps a key plan per revision.
+    pub revision: i64,
+}
+
+/// One version of the set; `rules` is `None` for a version that returns to "no set".
+#[derive(Debug, Clone)]
+pub struct SetVersion {
+    pub version: i64,
+    pub rules: Option<Arc<ScopeRules>>,
+    pub state: String,
+    pub created_at: DateTime<Utc>,
+    pub created_by: String,
+    pub activated_at: Option<DateTime<Utc>>,
+    pub event_id: Option<i64>,
+    pub scan_after: Option<String>,
+    pub scan_head: Option<i64>,
+    pub slots: i64,
+    pub scanned: i64,
+    pub to_scan: i64,
+}
+
+pub async fn state(db: &impl GenericClient) -> DbResult<ScopeState> {
+    let row = db
+        .query_one("SELECT active_version, preparing_version, revision FROM scope_state", &[])
+        .await?;
+    Ok(ScopeState { active_version: row.get(0), preparing_version: row.get(1), revision: row.get(2) })
+}
+
+const SET_COLUMNS: &str = "version, rules, state, created_at, created_by, activated_at, event_id, scan_after, \
+     scan_head, slots, scanned, to_scan";
+
+fn set_from_row(row: &tokio_postgres::Row) -> DbResult<SetVersion> {
+    let version: i64 = row.get(0);
+    let rules = match row.get::<_, Option<Value>>(1) {
+        None => None,
+        Some(raw) => Some(Arc::new(ScopeRules::parse(&raw).map_err(|problems| {
+            DbError::Other(format!("stored scope set version {version} does not parse: {problems:?}").into())
+        })?)),
+    };
+    Ok(SetVersion {
+        version,
+        rules,
+        state: row.get(2),
+        created_at: row.get(3),
+        created_by: row.get(4),
+        activated_at: row.get(5),
+        event_id: row.get(6),
+        scan_after: row.get(7),
+        scan_head: row.get(8),
+        slots: row.get(9),
+        scanned: row.get(10),
+        to_scan: row.get(11),
+    })
+}
+
+pub async fn set_version(db: &impl GenericClient, version: i64) -> DbResult<Option<SetVersion>> {
+    let sql = format!("SELECT {SET_COLUMNS} FROM scope_sets WHERE version = $1");
+    db.query_opt(&sql, &[&version]).await?.as_ref().map(set_from_row).transpose()
+}
+
+/// The rules in force (`None`: no set) and the set being prepared, in one snapshot of the
+/// caller's transaction or statement sequence.
+#[derive(Debug, Clone, Default)]
+pub struct Sets {
+    pub state: ScopeState,
+    pub active: Option<Arc<ScopeRules>>,
+    pub preparing: Option<SetVersion>,
+}
+
+impl Sets {
+    /// The families whose keys every commit writes: those of the set in force and of the one
+    /// being prepared (so the preparation never misses a record written while it runs).
+    pub fn maintained_families(&self) -> BTreeSet<Family> {
+        let mut families = BTreeSet::new();
+        if let Some(active) = &self.active {
+            families.extend(active.families());
+        }
+        if let Some(rules) = self.preparing.as_ref().and_then(|p| p.rules.as_ref()) {
+            families.extend(rules.families());
+        }
+        families
+    }
+
+    /// Whether commits keep keys and attachment references at all.
+    pub fn is_maintained(&self) -> bool {
+        self.active.is_some() || self.preparing.is_some()
+    }
+
+    pub fn key_plan(&self) -> KeyPlan {
+        KeyPlan::new(&self.maintained_families())
+    }
+}
+
+pub async fn sets(db: &impl GenericClient) -> DbResult<Sets> {
+    let state = state(db).await?;
+    let active = rules_of(db, state.active_version).await?;
+    let preparing = match state.preparing_version {
+        None => None,
+        Some(version) => set_version(db, version).await?,
+    };
+    Ok(Sets { state, active, preparing })
+}
+
+/// The rules of a version (`None`: no set, or version 0).
+pub async fn rules_of(db: &impl GenericClient, version: i64) -> DbResult<Option<Arc<ScopeRules>>> {
+    if version == 0 {
+        return Ok(None);
+    }
+    let set = set_version(db, version)
+        .await?
+        .ok_or_else(|| DbError::Other(format!("scope set version {version} is missing").into()))?;
+    Ok(set.rules)
+}
+
+/// What a new version of the set was stored as.
+#[derive(Debug, Clone, Copy)]
+pub struct NewVersion {
+    pub version: i64,
+    pub replaced: Option<i64>,
+}
+
+/// Stores a new version of the set (`None`: back to no set) as the one being prepared, replacing
+/// one still being prepared. Runs under the change-log lock: every commit after it writes the new
+/// set's keys too, every commit before it is visible to the preparation's scan.
+pub async fn create_version(
+    tx: &deadpool_postgres::Transaction<'_>,
+    rules: Option<&ScopeRules>,
+    actor: &str,
+    now: DateTime<Utc>,
+) -> DbResult<NewVersion> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    let replaced: Option<i64> = tx
+        .query_opt("UPDATE scope_sets SET state = 'replaced' WHERE state = 'preparing' RETURNING version", &[])
+        .await?
+        .map(|row| row.get(0));
+    let version: i64 =
+        tx.query_one("SELECT coalesce(max(version), 0) + 1 FROM scope_sets", &[]).await?.get(0);
+    let event: i64 = tx.query_one("INSERT INTO scope_events DEFAULT VALUES RETURNING id", &[]).await?.get(0);
+    let raw = rules.map(ScopeRules::to_json);
+    tx.execute(
+        "INSERT INTO scope_sets (version, rules, state, created_at, created_by, event_id)
+         VALUES ($1, $2, 'preparing', $3, $4, $5)",
+        &[&version, &raw, &now, &actor, &event],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE scope_state SET preparing_version = $1, revision = revision + 1",
+        &[&version],
+    )
+    .await?;
+    Ok(NewVersion { version, replaced })
+}
+
+/// Empties everything derived from records (docs/api.md §17.3's reset): keys, references,
+/// redeliveries. A set being prepared starts its scan again.
+pub async fn reset(db: &impl GenericClient) -> DbResult<()> {
+    db.batch_execute(
+        "DELETE FROM scope_rows; DELETE FROM attachment_refs; DELETE FROM scope_event_users;
+         DELETE FROM scope_event_slots WHERE event_id IN (SELECT id FROM scope_events WHERE base IS NOT NULL);
+         DELETE FROM scope_events WHERE base IS NOT NULL;
+         DELETE FROM scope_event_slots WHERE event_id IN (SELECT event_id FROM scope_sets WHERE state = 'preparing');
+         UPDATE scope_sets SET scan_after = NULL, scan_head = NULL, slots = 0, scanned = 0, to_scan = 0
+          WHERE state = 'preparing';",
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! The scoped pull page (docs/api.md §20.3; the argument: docs/architecture.md, "Scoped sync").
+//!
+//! A page is every row a user may read with `after < id <= S`, in id order: the rows of their
+//! buckets (`scope_rows`, each at the change that put the record in or took it out), their own
+//! records (by `created_by`), and the slots of redeliveries addressed to them
+//! (`scope_event_slots`, at `base + slot`); or, for a user who sees everything but still has
+//! redeliveries to receive (an admin who was not one, a set that was removed), the whole change
+//! log and those slots. Each row is written with the record's current state when the user may see
+//! it now, else as a tombstone (`deleted: true`, `data: {}`). The id a row is read at is the
+//! record's `version` on the wire, so the page keeps every rule of §8.2: ids unique and
+//! increasing, `change_cutoff` the last one, nothing at or below the cursor.
+//!
+//! Everything comes from one statement, hence one snapshot: the head, the user's role, keys and
+//! redeliveries, and the rows. Each source is read along its own index from the cursor and cut at
+//! `limit + 1` rows before the merge, so a page costs the same at any repository size (S5).
+
+use deadpool_postgres::Object;
+use futures_util::StreamExt;
+use tokio_postgres::types::ToSql;
+
+use crate::db::records::{Head, PageRows};
+use crate::db::{DbError, DbResult};
+
+/// The bucket rows, own records and redelivery slots after the cursor, as (id, record) pairs.
+const CANDIDATES: &str = "
+    SELECT x.change_id AS at, x.record_id FROM h, k, unnest(k.keys) AS b(key) CROSS JOIN LATERAL (
+        SELECT s.change_id, s.record_id FROM scope_rows s
+         WHERE s.key = b.key AND s.change_id > $1 AND s.change_id <= h.head
+         ORDER BY s.change_id LIMIT $2) x
+     WHERE NOT h.sees_all
+    UNION ALL
+    SELECT o.change_id, o.id FROM h CROSS JOIN LATERAL (
+        SELECT r.change_id, r.id FROM records r
+         WHERE r.created_by = $3 AND r.change_id > $1 AND r.change_id <= h.head
+         ORDER BY r.created_by, r.change_id LIMIT $2) o
+     WHERE NOT h.sees_all
+    UNION ALL
+    SELECT a.change_id, a.id FROM h CROSS JOIN LATERAL (
+        SELECT r.change_id, r.id FROM records r
+         WHERE r.change_id > $1 AND r.change_id <= h.head
+         ORDER BY r.change_id LIMIT $2) a
+     WHERE h.sees_all
+    UNION ALL
+    SELECT ev.base + y.slot, y.record_id FROM h, ev, unnest(ev.keys) AS b(key) CROSS JOIN LATERAL (
+        SELECT e.slot, e.record_id FROM scope_event_slots e
+         WHERE e.event_id = ev.id AND e.key = b.key AND e.slot > $1 - ev.base AND e.slot <= h.head - ev.base
+         ORDER BY e.slot LIMIT $2) y";
+
+/// The page's records in the columns of `records::pull_page`, the ones the user may not see now
+/// as tombstones that tell nothing but the id, form and times.
+const RENDERED: &str = "p.id, p.form_type, p.form_version,
+    CASE WHEN p.visible THEN p.data ELSE '{}' END, p.deleted OR NOT p.visible,
+    p.created_at, p.updated_at, p.synced_at,
+    CASE WHEN p.visible THEN p.geolocation::text END, CASE WHEN p.visible THEN p.author END,
+    CASE WHEN p.visible THEN p.device_id END, CASE WHEN p.visible THEN p.tags::text END, p.at";
+
+fn page_sql(typed: bool) -> String {
+    let type_filter = if typed { "AND r.form_type = ANY($4)" } else { "" };
+    format!(
+        "WITH h AS (
+             SELECT c.head, c.repository_generation,
+                    (s.active_version = 0 OR coalesce(u.role = 'admin', false)) AS sees_all
+               FROM change_head c CROSS JOIN scope_state s LEFT JOIN users u ON u.username = $3
+         ), k AS (
+             SELECT coalesce((SELECT keys FROM scope_user_keys WHERE username = $3),
+                             ARRAY['@' || $3]::text[]) AS keys
+         ), ev AS (
+             SELECT e.id, e.base, eu.keys FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id, h
+              WHERE eu.username = $3 AND e.base IS NOT NULL AND e.base + e.size > $1 AND e.base < h.head
+         ), cand AS ({CANDIDATES}
+         ), page AS (
+             SELECT DISTINCT ON (c.at) c.at, r.*,
+                    h.sees_all OR r.created_by = $3 OR EXISTS (
+                        SELECT 1 FROM scope_rows v, k WHERE v.key = ANY(k.keys) AND v.record_id = r.id AND v.live
+                    ) AS visible
+               FROM cand c JOIN records r ON r.id = c.record_id, h
+              WHERE true {type_filter}
+              ORDER BY c.at LIMIT $2
+         )
+         SELECT h.head, h.repository_generation, {RENDERED}
+           FROM h LEFT JOIN page p ON true ORDER BY p.at"
+    )
+}
+
+/// The page after `after` for `username`, in the layout of `records::pull_page` (whose rows the
+/// page writer reads), with every record the user may not see now written as a tombstone.
+pub async fn page(db: Object, username: &str, after: i64, types: &[&str], limit: i64) -> DbResult<PageRows> {
+    let typed = !types.is_empty();
+    let statement = db.prepare_cached(&page_sql(typed)).await?;
+    let limit = limit + 1;
+    let user = username.to_owned();
+    let mut rest = Box::pin(if typed {
+        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &user, &types]).await?
+    } else {
+        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &user]).await?
+    });
+    let Some(first) = rest.next().await.transpose()? else {
+        return Err(DbError::Other("the scoped page statement returned no row".into()));
+    };
+    let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
+    PageRows::new(head, first, rest, db)
+}

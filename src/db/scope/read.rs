@@ -1,0 +1,62 @@
+//! What every other reader of records asks (docs/api.md §20.4): may this user see this record, or
+//! this attachment, now. Each question is one statement, so it is answered in one snapshot.
+
+use deadpool_postgres::GenericClient;
+
+use crate::db::DbResult;
+
+/// SQL that is true when the user `$user` sees everything: no set in force, or an admin. Other
+/// statements embed it with their own parameter number.
+pub fn sees_all_sql(user: &str) -> String {
+    format!(
+        "((SELECT active_version FROM scope_state) = 0
+          OR coalesce((SELECT role = 'admin' FROM users WHERE username = {user}), false))"
+    )
+}
+
+/// SQL that is true when the user `$user` may see the record `{record}` (a row alias of
+/// `records`) now: everything (see [`sees_all_sql`]), their own record, or live in one of their
+/// buckets.
+pub fn visible_sql(record: &str, user: &str) -> String {
+    format!(
+        "({sees_all} OR {record}.created_by = {user} OR EXISTS (
+             SELECT 1 FROM scope_user_keys k, scope_rows s
+              WHERE k.username = {user} AND s.key = ANY(k.keys) AND s.record_id = {record}.id AND s.live))",
+        sees_all = sees_all_sql(user)
+    )
+}
+
+/// True when `username` sees every record (no set in force, or an admin).
+pub async fn sees_all(db: &impl GenericClient, username: &str) -> DbResult<bool> {
+    let sql = format!("SELECT {}", sees_all_sql("$1"));
+    Ok(db.query_one(&sql, &[&username]).await?.get(0))
+}
+
+/// True while a scope set is in force.
+pub async fn is_scoped(db: &impl GenericClient) -> DbResult<bool> {
+    Ok(db.query_one("SELECT active_version > 0 FROM scope_state", &[]).await?.get(0))
+}
+
+/// True when the record exists and `username` may see it now.
+pub async fn record_visible(db: &impl GenericClient, username: &str, record_id: &str) -> DbResult<bool> {
+    let sql = format!("SELECT {} FROM records r WHERE r.id = $2", visible_sql("r", "$1"));
+    Ok(db.query_opt(&sql, &[&username, &record_id]).await?.is_some_and(|row| row.get(0)))
+}
+
+/// SQL that is true when `$user` may download the attachment `{attachment}` (an alias of
+/// `attachments`): everything visible, their own upload, or named by a record they may see.
+pub fn attachment_visible_sql(attachment: &str, user: &str) -> String {
+    format!(
+        "({sees_all} OR {attachment}.uploaded_by = {user} OR EXISTS (
+             SELECT 1 FROM attachment_refs ar JOIN records r ON r.id = ar.record_id
+              WHERE ar.attachment_id = {attachment}.id AND {visible}))",
+        sees_all = sees_all_sql(user),
+        visible = visible_sql("r", user)
+    )
+}
+
+/// True when the attachment exists and `username` may download it now.
+pub async fn attachment_visible(db: &impl GenericClient, username: &str, attachment_id: &str) -> DbResult<bool> {
+    let sql = format!("SELECT {} FROM attachments a WHERE a.id = $2", attachment_visible_sql("a", "$1"));
+    Ok(db.query_opt(&sql, &[&username, &attachment_id]).await?.is_some_and(|row| row.get(0)))
+}

@@ -1,0 +1,143 @@
+//! What a commit writes for scoped sync, in its own transaction, while a set is in force or being
+//! prepared: each written record's keys (and where it left a bucket), the attachments its data
+//! names, and the tombstones addressed to a user whose update of a record outside their set was
+//! refused. Also the one read the commit needs: which of a push's records its pusher may not
+//! touch.
+
+use deadpool_postgres::GenericClient;
+
+use crate::db::DbResult;
+
+/// The final state of each record a commit wrote: its id, the change_id it was written at, its
+/// keys and the attachments it names, and whether it existed before the commit.
+#[derive(Debug, Default)]
+pub struct WrittenRecords {
+    pub ids: Vec<String>,
+    pub change_ids: Vec<i64>,
+    pub existed: Vec<bool>,
+    pub keys: Vec<Vec<String>>,
+    pub refs: Vec<Vec<String>>,
+}
+
+impl WrittenRecords {
+    pub fn push(&mut self, id: &str, change_id: i64, existed: bool, keys: Vec<String>, refs: Vec<String>) {
+        self.ids.push(id.to_owned());
+        self.change_ids.push(change_id);
+        self.existed.push(existed);
+        self.keys.push(keys);
+        self.refs.push(refs);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Writes the keys and references of `written`. A key the record has now is live at its
+/// change_id; a key it had and lost is marked left at the same change_id (every key it has now was
+/// just moved to that change_id, so the ones still older are exactly those it lost).
+pub async fn write(db: &impl GenericClient, written: &WrittenRecords) -> DbResult<()> {
+    if written.is_empty() {
+        return Ok(());
+    }
+    let (mut keys, mut key_records, mut key_changes) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut refs, mut ref_records) = (Vec::new(), Vec::new());
+    for (i, id) in written.ids.iter().enumerate() {
+        for key in &written.keys[i] {
+            keys.push(key.as_str());
+            key_records.push(id.as_str());
+            key_changes.push(written.change_ids[i]);
+        }
+        for attachment in &written.refs[i] {
+            refs.push(attachment.as_str());
+            ref_records.push(id.as_str());
+        }
+    }
+    if !keys.is_empty() {
+        db.execute(
+            "INSERT INTO scope_rows (key, record_id, change_id, live)
+             SELECT key, record_id, change_id, true
+               FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(key, record_id, change_id)
+             ON CONFLICT (key, record_id) DO UPDATE SET change_id = EXCLUDED.change_id, live = true
+             WHERE scope_rows.change_id < EXCLUDED.change_id",
+            &[&keys, &key_records, &key_changes],
+        )
+        .await?;
+    }
+    let existing: Vec<(&str, i64)> = written
+        .ids
+        .iter()
+        .zip(&written.change_ids)
+        .zip(&written.existed)
+        .filter(|(_, existed)| **existed)
+        .map(|((id, change_id), _)| (id.as_str(), *change_id))
+        .collect();
+    if !existing.is_empty() {
+        let (ids, changes): (Vec<&str>, Vec<i64>) = existing.into_iter().unzip();
+        db.execute(
+            "UPDATE scope_rows s SET live = false, change_id = u.change_id
+               FROM unnest($1::text[], $2::int8[]) AS u(id, change_id)
+              WHERE s.record_id = u.id AND s.live AND s.change_id < u.change_id",
+            &[&ids, &changes],
+        )
+        .await?;
+        db.execute("DELETE FROM attachment_refs WHERE record_id = ANY($1)", &[&ids]).await?;
+    }
+    if !refs.is_empty() {
+        db.execute(
+            "INSERT INTO attachment_refs (attachment_id, record_id)
+             SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING",
+            &[&refs, &ref_records],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Addresses a tombstone of each refused record to its pusher alone, at the change_id the commit
+/// gave the refusal: the device that tried to change it learns it may not hold it.
+pub async fn address_tombstones(
+    db: &impl GenericClient,
+    usernames: &[&str],
+    record_ids: &[&str],
+    change_ids: &[i64],
+) -> DbResult<()> {
+    if record_ids.is_empty() {
+        return Ok(());
+    }
+    db.execute(
+        "INSERT INTO scope_rows (key, record_id, change_id, live)
+         SELECT '@' || u, r, c, false FROM unnest($1::text[], $2::text[], $3::int8[]) AS t(u, r, c)
+         ON CONFLICT (key, record_id) DO UPDATE SET change_id = EXCLUDED.change_id, live = false
+         WHERE scope_rows.change_id < EXCLUDED.change_id",
+        &[&usernames, &record_ids, &change_ids],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Of the stored records named by `(record_ids[i], pushers[i])`, those the pusher may not change:
+/// they are neither theirs nor live in one of their buckets, and the pusher is not an admin.
+/// Only meaningful while a set is in force; read after the change-log lock is held.
+pub async fn out_of_scope(
+    db: &impl GenericClient,
+    record_ids: &[&str],
+    pushers: &[&str],
+) -> DbResult<Vec<(String, String)>> {
+    if record_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = db
+        .query(
+            "SELECT DISTINCT p.id, p.pusher FROM unnest($1::text[], $2::text[]) AS p(id, pusher)
+               JOIN records r ON r.id = p.id
+               JOIN users u ON u.username = p.pusher
+              WHERE u.role <> 'admin' AND r.created_by <> p.pusher
+                AND NOT EXISTS (SELECT 1 FROM scope_user_keys k, scope_rows s
+                                 WHERE k.username = p.pusher AND s.key = ANY(k.keys)
+                                   AND s.record_id = r.id AND s.live)",
+            &[&record_ids, &pushers],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
