@@ -30,7 +30,9 @@ CREATE TABLE scope_state (
     singleton         boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     active_version    bigint NOT NULL DEFAULT 0,
     preparing_version bigint,
-    revision          bigint NOT NULL DEFAULT 0
+    revision          bigint NOT NULL DEFAULT 0,
+    -- Set when a switch or a replaced preparation leaves rows no set uses; cleared by the sweep.
+    gc_pending        boolean NOT NULL DEFAULT false
 );
 INSERT INTO scope_state DEFAULT VALUES;
 

@@ -441,6 +441,7 @@ async fn reset(pool: &Pool, origin: &Origin) -> ApiResult<Head> {
     let tx = client.transaction().await?;
     records::lock_change_log(&tx).await?;
     let head = records::reset_repository(&tx).await?;
+    crate::db::scope::reset(&tx).await?;
     let details = serde_json::json!({"repository_generation": head.repository_generation});
     audit::append(&tx, &origin.entry(Action::RepositoryReset, None, details)).await?;
     tx.commit().await?;

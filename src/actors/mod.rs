@@ -7,6 +7,7 @@ pub mod bundle_store;
 pub mod change_log;
 pub mod export_jobs;
 pub mod presence;
+pub mod scope_sets;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,7 @@ pub struct Actors {
     pub bundles: bundle_store::BundleStoreHandle,
     pub attachments: attachment_store::AttachmentStoreHandle,
     pub export_jobs: export_jobs::ExportJobsHandle,
+    pub scope_sets: scope_sets::ScopeSetsHandle,
 }
 
 /// An actor that did not take or answer a message: stopped, or its mailbox closed.
@@ -77,8 +79,10 @@ pub async fn start(
         .start(),
     );
     let export_jobs = export_jobs::ExportJobs::start(config, pool, conn, reads, clock.clone())?;
+    let scope_sets =
+        scope_sets::ScopeSetsHandle(scope_sets::ScopeSets::new(pool.clone(), &config.node_id, clock.clone()).start());
     spawn_housekeeping(pool.clone(), config.transmission_retention_days, config.audit_retention_days);
-    Ok(Actors { change_log, presence, bundles, attachments, export_jobs })
+    Ok(Actors { change_log, presence, bundles, attachments, export_jobs, scope_sets })
 }
 
 /// Hourly clean-up of what only ever grows: old transmission results, expired tokens and audit

@@ -27,6 +27,7 @@ fn real_token(auth: &AuthService) -> String {
         token_generation: 1,
         created_at: chrono::Utc::now(),
         last_login: None,
+        attributes: serde_json::json!({}),
     };
     auth.issue_access_token(&user).expect("token").token
 }

@@ -6,9 +6,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::db::{audit, Conflict, DbError, DbResult};
+use crate::db::{audit, scope, Conflict, DbError, DbResult};
 use crate::domain::audit::{user_update_entries, Action, Entry, Origin};
 use crate::domain::role::Role;
+use crate::domain::scope::{UserAttributes, UserFacts};
 
 #[derive(Debug, Clone)]
 pub struct UserRow {
@@ -20,10 +21,12 @@ pub struct UserRow {
     pub token_generation: i64,
     pub created_at: DateTime<Utc>,
     pub last_login: Option<DateTime<Utc>>,
+    /// Validated on the way in (docs/api.md §20.1); shown as stored.
+    pub attributes: serde_json::Value,
 }
 
 const USER_COLUMNS: &str =
-    "id, username, email, role, password_hash, token_generation, created_at, last_login";
+    "id, username, email, role, password_hash, token_generation, created_at, last_login, attributes";
 
 fn user_from_row(row: &Row) -> UserRow {
     let role: String = row.get("role");
@@ -37,6 +40,7 @@ fn user_from_row(row: &Row) -> UserRow {
         token_generation: row.get("token_generation"),
         created_at: row.get("created_at"),
         last_login: row.get("last_login"),
+        attributes: row.get("attributes"),
     }
 }
 
@@ -77,6 +81,9 @@ pub async fn create(
 ) -> DbResult<UserRow> {
     let tx = db.transaction().await?;
     let user = insert(&tx, username, email, password_hash, role).await?;
+    if scope::read::is_scoped(&tx).await? {
+        scope::users::apply(&tx, None, &facts(&user)?).await?;
+    }
     let details = serde_json::json!({"role": role.as_str()});
     audit::append(&tx, &origin.entry(Action::UserCreated, Some(username), details)).await?;
     tx.commit().await?;
@@ -114,6 +121,14 @@ pub struct UserUpdate {
     pub role: Option<Role>,
     pub email: Option<Option<String>>,
     pub password_hash: Option<String>,
+    pub attributes: Option<UserAttributes>,
+}
+
+/// What scope rules know of a stored user.
+fn facts(user: &UserRow) -> DbResult<UserFacts> {
+    let attributes = UserAttributes::parse(&user.attributes)
+        .map_err(|_| DbError::Other(format!("user {}: stored attributes do not parse", user.username).into()))?;
+    Ok(UserFacts { username: user.username.clone(), role: user.role, attributes })
 }
 
 /// Applies an update atomically, with its audit entries; refuses to demote the last admin.
@@ -140,19 +155,33 @@ pub async fn update(
     };
     let role = change.role.unwrap_or(current.role);
     let hash = change.password_hash.clone().unwrap_or(current.password_hash.clone());
+    let attributes = change.attributes.as_ref().map_or_else(|| current.attributes.clone(), UserAttributes::to_json);
     let sql = format!(
-        "UPDATE users SET role = $2, email = $3, password_hash = $4,
+        "UPDATE users SET role = $2, email = $3, password_hash = $4, attributes = $6,
             token_generation = token_generation + CASE WHEN $5 THEN 1 ELSE 0 END
          WHERE id = $1 RETURNING {USER_COLUMNS}"
     );
-    let row = tx.query_one(&sql, &[&current.id, &role.as_str(), &email, &hash, &revoke_tokens]).await?;
+    let row = tx
+        .query_one(&sql, &[&current.id, &role.as_str(), &email, &hash, &revoke_tokens, &attributes])
+        .await?;
+    let updated = user_from_row(&row);
+    let attributes_changed = attributes != current.attributes;
+    if role_changed || attributes_changed {
+        // What the user receives follows at once, in this transaction (docs/api.md §20.1).
+        scope::users::apply(&tx, Some(&facts(&current)?), &facts(&updated)?).await?;
+    }
     if change.password_hash.is_some() {
         revoke_refresh_tokens_of_user(&tx, current.id).await?;
     }
-    let entries = user_update_entries(origin, username, (current.role, role), change.password_hash.is_some());
+    let mut entries =
+        user_update_entries(origin, username, (current.role, role), change.password_hash.is_some());
+    if attributes_changed {
+        let details = serde_json::json!({"from": current.attributes, "to": updated.attributes});
+        entries.push(origin.entry(Action::AttributesChanged, Some(username), details));
+    }
     audit::append_all(&tx, &entries).await?;
     tx.commit().await?;
-    Ok(Some(user_from_row(&row)))
+    Ok(Some(updated))
 }
 
 /// Sets a new password, invalidates the user's access tokens and revokes all refresh tokens;

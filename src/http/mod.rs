@@ -18,6 +18,7 @@ pub mod openapi;
 pub mod portal;
 pub mod pull_body;
 pub mod routing;
+pub mod scopes;
 pub mod sync;
 pub mod users;
 pub mod wire;
@@ -32,6 +33,7 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
     sync::routes(cfg);
     observations::routes(cfg);
     admin::routes(cfg);
+    scopes::routes(cfg);
     bundles::routes(cfg);
     formspecs::routes(cfg);
     attachments::routes(cfg);

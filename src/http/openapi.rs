@@ -22,9 +22,9 @@ use self::dialects::Dialects;
 
 use crate::http::wire::{self, admin as admin_wire, attachments as attachments_wire, auth as auth_wire};
 use crate::http::wire::{bundles as bundles_wire, export as export_wire, formspecs as formspecs_wire, info};
-use crate::http::wire::{observations as observations_wire, users as users_wire};
+use crate::http::wire::{observations as observations_wire, scopes as scopes_wire, users as users_wire};
 use crate::http::{admin, attachments, auth, bundles, export, formspecs, health, metrics, observations};
-use crate::http::{sync, users};
+use crate::http::{scopes, sync, users};
 
 #[derive(utoipa::OpenApi)]
 #[openapi(
@@ -59,6 +59,11 @@ use crate::http::{sync, users};
         admin::reset_repository,
         admin::devices,
         admin::audit_log,
+        scopes::get_set,
+        scopes::put_set,
+        scopes::delete_set,
+        scopes::status,
+        scopes::preview,
         bundles::put,
         bundles::push,
         bundles::switch_body,
@@ -125,6 +130,11 @@ use crate::http::{sync, users};
         users_wire::ChangePassword,
         observations_wire::ObservationPage,
         observations_wire::History,
+        scopes_wire::ScopeSet,
+        scopes_wire::ScopeChange,
+        scopes_wire::ScopeStatus,
+        scopes_wire::ScopePreview,
+        scopes_wire::SetPreview,
         admin_wire::ResetRequest,
         admin_wire::ResetAnswer,
         admin_wire::Device,

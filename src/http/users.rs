@@ -8,6 +8,7 @@ use crate::db::presence;
 use crate::db::users::{self as db_users, UserRow, UserUpdate};
 use crate::domain::audit::Action;
 use crate::domain::role::Role;
+use crate::domain::scope::UserAttributes;
 use crate::domain::user as rules;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::http::extract::{audit_origin, path_param, state, Auth, JsonBody};
@@ -117,7 +118,7 @@ pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     Ok(HttpResponse::Ok().json(User::from(&user)))
 }
 
-/// Change a user's role or email
+/// Change a user's role, email, password or attributes
 ///
 /// Role: admin.
 #[utoipa::path(put, path = "/users/{username}", tag = "users", params(("username" = String, Path, description = "A user name")),
@@ -139,9 +140,15 @@ pub async fn update(
         Some(p) if !rules::is_strong_enough(p) => return Err(weak_password()),
         Some(p) => Some(st.auth.hash_password(p.to_string()).await?),
     };
+    let attributes = body
+        .attributes
+        .as_ref()
+        .map(|raw| UserAttributes::parse(raw).map_err(|problems| invalid_attributes(problems)))
+        .transpose()?;
     let origin = audit_origin(&req, st, &caller.username);
     let mut db = st.pool.get().await?;
-    let user = db_users::update(&mut db, &username, UserUpdate { role, email, password_hash }, &origin)
+    let change = UserUpdate { role, email, password_hash, attributes };
+    let user = db_users::update(&mut db, &username, change, &origin)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("User '{username}' not found")))?;
     st.auth.forget_cached_checks();
@@ -275,4 +282,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route(web::put().to(update))
                 .route(web::delete().to(delete)),
         );
+}
+
+/// 400 naming each attribute that is not valid (docs/api.md §20.1).
+fn invalid_attributes(problems: Vec<crate::error::ItemProblem>) -> ApiError {
+    let first = problems.first().map(|p| p.message.clone()).unwrap_or_else(|| "Invalid attributes".into());
+    ApiError::bad_request(first).with_errors(problems)
 }

@@ -28,6 +28,7 @@ mod portal;
 mod pull_stream;
 mod replica;
 mod resilience;
+mod scopes;
 mod stats;
 mod storage;
 mod sync;

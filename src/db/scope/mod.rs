@@ -2,6 +2,7 @@
 //! versions of the scope set and the state pointer, the keys written with records, redelivery
 //! events, the scoped pull page, and what readers filter by.
 
+pub mod gc;
 pub mod prepare;
 pub mod pull;
 pub mod read;
@@ -139,11 +140,13 @@ pub async fn rules_of(db: &impl GenericClient, version: i64) -> DbResult<Option<
     Ok(set.rules)
 }
 
-/// What a new version of the set was stored as.
+/// What a new version of the set was stored as. `version` 0: nothing to do (back to no set
+/// while none was in force or being prepared).
 #[derive(Debug, Clone, Copy)]
 pub struct NewVersion {
     pub version: i64,
     pub replaced: Option<i64>,
+    pub previous_active: i64,
 }
 
 /// Stores a new version of the set (`None`: back to no set) as the one being prepared, replacing
@@ -156,6 +159,10 @@ pub async fn create_version(
     now: DateTime<Utc>,
 ) -> DbResult<NewVersion> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    let current = state(tx).await?;
+    if rules.is_none() && current.active_version == 0 && current.preparing_version.is_none() {
+        return Ok(NewVersion { version: 0, replaced: None, previous_active: 0 });
+    }
     let replaced: Option<i64> = tx
         .query_opt("UPDATE scope_sets SET state = 'replaced' WHERE state = 'preparing' RETURNING version", &[])
         .await?
@@ -171,11 +178,12 @@ pub async fn create_version(
     )
     .await?;
     tx.execute(
-        "UPDATE scope_state SET preparing_version = $1, revision = revision + 1",
-        &[&version],
+        "UPDATE scope_state SET preparing_version = $1, revision = revision + 1,
+                gc_pending = gc_pending OR $2",
+        &[&version, &replaced.is_some()],
     )
     .await?;
-    Ok(NewVersion { version, replaced })
+    Ok(NewVersion { version, replaced, previous_active: current.active_version })
 }
 
 /// Empties everything derived from records (docs/api.md §17.3's reset): keys, references,

@@ -260,7 +260,8 @@ pub async fn switch(tx: &Transaction<'_>, plan: &Plan, now: DateTime<Utc>) -> Db
     .await?;
     let active_version = if new_rules.is_some() { plan.version } else { 0 };
     tx.execute(
-        "UPDATE scope_state SET active_version = $1, preparing_version = NULL, revision = revision + 1",
+        "UPDATE scope_state SET active_version = $1, preparing_version = NULL, revision = revision + 1,
+                gc_pending = true",
         &[&active_version],
     )
     .await?;

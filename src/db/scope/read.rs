@@ -60,3 +60,31 @@ pub async fn attachment_visible(db: &impl GenericClient, username: &str, attachm
     let sql = format!("SELECT {} FROM attachments a WHERE a.id = $2", attachment_visible_sql("a", "$1"));
     Ok(db.query_opt(&sql, &[&username, &attachment_id]).await?.is_some_and(|row| row.get(0)))
 }
+
+/// Live records by form type that a user with `keys` receives (their own included), or every
+/// live record when `keys` is `None`: the preview of docs/api.md §20.2. Read along the keys'
+/// rows and the author's records, so it costs what the user receives.
+pub async fn visible_counts(
+    db: &impl GenericClient,
+    username: &str,
+    keys: Option<&[String]>,
+) -> DbResult<std::collections::BTreeMap<String, i64>> {
+    let rows = match keys {
+        None => {
+            db.query("SELECT form_type, count(*) FROM records WHERE NOT deleted GROUP BY form_type", &[]).await?
+        }
+        Some(keys) => {
+            db.query(
+                "WITH ids AS (
+                     SELECT id FROM records WHERE created_by = $1
+                     UNION
+                     SELECT record_id FROM scope_rows WHERE key = ANY($2) AND live)
+                 SELECT r.form_type, count(*) FROM ids JOIN records r USING (id)
+                  WHERE NOT r.deleted GROUP BY r.form_type",
+                &[&username, &keys],
+            )
+            .await?
+        }
+    };
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}

@@ -136,17 +136,16 @@ impl ScopeRules {
         let mut names: BTreeMap<String, usize> = BTreeMap::new();
         for (index, raw_rule) in list.iter().enumerate() {
             let at = format!("/rules/{index}");
-            match parse_rule(raw_rule, &at, &mut problems) {
-                Some(rule) => {
-                    if let Some(first) = names.insert(rule.name.clone(), index) {
-                        problems.push(problem(
-                            format!("{at}/name"),
-                            format!("duplicate rule name '{}' (also rule {first})", rule.name),
-                        ));
-                    }
-                    rules.push(rule);
+            if let Some(rule) = parse_rule(raw_rule, &at, &mut problems) {
+                rules.push(rule);
+            }
+            if let Some(name) = raw_rule.get("name").and_then(Value::as_str) {
+                if let Some(first) = names.insert(name.to_owned(), index) {
+                    problems.push(problem(
+                        format!("{at}/name"),
+                        format!("duplicate rule name '{name}' (also rule {first})"),
+                    ));
                 }
-                None => continue,
             }
         }
         if problems.is_empty() {

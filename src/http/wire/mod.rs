@@ -17,6 +17,7 @@ pub mod export;
 pub mod formspecs;
 pub mod info;
 pub mod observations;
+pub mod scopes;
 pub mod users;
 
 use serde::de::{Deserialize, DeserializeOwned, Deserializer};

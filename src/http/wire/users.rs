@@ -32,6 +32,9 @@ impl From<Role> for RoleName {
 /// The user object (never the password). `createdAt` repeats `created_at` for camelCase clients.
 #[derive(Serialize, ToSchema)]
 pub struct User {
+    /// Attribute name → values, compared by scope rules (docs/api.md §20.1); `{}` by default.
+    #[schema(value_type = Object)]
+    pub attributes: serde_json::Value,
     #[serde(rename = "createdAt")]
     #[schema(format = DateTime)]
     pub created_at_camel: String,
@@ -58,6 +61,7 @@ impl From<&UserRow> for User {
             role,
             roles: vec![role],
             username: u.username.clone(),
+            attributes: u.attributes.clone(),
         }
     }
 }
@@ -65,6 +69,8 @@ impl From<&UserRow> for User {
 /// A user in `GET /users`, with the devices seen for it (null when none ever was).
 #[derive(Serialize, ToSchema)]
 pub struct ListedUser {
+    #[schema(value_type = Object)]
+    pub attributes: serde_json::Value,
     #[serde(rename = "createdAt")]
     #[schema(format = DateTime)]
     pub created_at_camel: String,
@@ -92,6 +98,7 @@ impl ListedUser {
             role: user.role,
             roles: user.roles,
             username: user.username,
+            attributes: user.attributes,
         }
     }
 }
@@ -166,6 +173,10 @@ pub struct UpdateUser {
     #[serde(default)]
     #[schema(value_type = Option<String>)]
     pub password: Text,
+    /// Replaces all of the user's attributes (docs/api.md §20.1).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub attributes: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -238,6 +249,7 @@ mod tests {
             client_version: Some("1".into()),
         };
         let user = User {
+            attributes: serde_json::json!({}),
             created_at_camel: String::new(),
             created_at: String::new(),
             email: None,

@@ -1,0 +1,241 @@
+//! Scoped sync (docs/api.md §20): the scope set's API, and what devices of scoped users receive.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::helpers::{Api, TestApp};
+
+/// A device's store: what it holds after applying every pulled record (live) or tombstone.
+#[derive(Default, Debug)]
+pub struct Device {
+    pub client_id: String,
+    pub cursor: i64,
+    pub records: BTreeMap<String, Value>,
+}
+
+impl Device {
+    pub fn new(client_id: &str) -> Self {
+        Device { client_id: client_id.into(), ..Device::default() }
+    }
+
+    /// Syncs to completion and returns every record received (with P1-P4 checked per page).
+    pub async fn sync(&mut self, api: &Api, token: &str, limit: i64) -> Vec<Value> {
+        let (records, cursor) = api.pull_all(token, &self.client_id, self.cursor, limit).await;
+        for record in &records {
+            let id = record["observation_id"].as_str().expect("id").to_string();
+            if record["deleted"] == json!(true) {
+                self.records.remove(&id);
+            } else {
+                self.records.insert(id, record["data"].clone());
+            }
+        }
+        self.cursor = cursor;
+        records
+    }
+
+    pub fn ids(&self) -> Vec<&str> {
+        self.records.keys().map(String::as_str).collect()
+    }
+}
+
+pub fn record(id: &str, form_type: &str, data: Value) -> Value {
+    json!({"observation_id": id, "form_type": form_type, "form_version": "1", "data": data,
+           "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z", "deleted": false})
+}
+
+pub async fn push(api: &Api, token: &str, client: &str, records: Vec<Value>) -> Value {
+    let body = json!({"transmission_id": uuid::Uuid::new_v4().to_string(), "client_id": client, "records": records});
+    let (status, body) = api.push(token, body).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body
+}
+
+/// Sets the rules and waits until they are in force (the preparation runs in the background).
+pub async fn set_rules(api: &Api, admin: &str, rules: Value) -> i64 {
+    let (status, body) = api.call(Method::PUT, "/admin/scopes", Some(admin), Some(json!({"rules": rules}))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["state"], "preparing");
+    let version = body["version"].as_i64().expect("version");
+    wait_in_force(api, admin, version).await;
+    version
+}
+
+/// Waits for the preparation of `version` to finish and the version to be in force.
+pub async fn wait_in_force(api: &Api, admin: &str, version: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = api.call(Method::GET, "/admin/scopes/status", Some(admin), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if body["preparing_version"].is_null() {
+            let (_, set) = api.call(Method::GET, "/admin/scopes", Some(admin), None).await;
+            let expected = if set["rules"].is_null() { 0 } else { version };
+            assert_eq!(set["version"].as_i64(), Some(expected), "{set}");
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "version {version} still preparing: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn create_user(api: &Api, admin: &str, name: &str, role: &str, attributes: Value) -> String {
+    let token = api.user_token(admin, name, role).await;
+    set_attributes(api, admin, name, attributes).await;
+    token
+}
+
+pub async fn set_attributes(api: &Api, admin: &str, name: &str, attributes: Value) {
+    let (status, body) =
+        api.call(Method::PUT, &format!("/users/{name}"), Some(admin), Some(json!({"attributes": attributes}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["attributes"], attributes);
+}
+
+fn district_rules() -> Value {
+    json!([
+        {"name": "workers: their districts' households", "applies_to": {"roles": ["read-only", "read-write"]},
+         "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}},
+        {"name": "everyone: facilities", "applies_to": {"roles": ["read-only", "read-write"]},
+         "form_types": ["facility"]}
+    ])
+}
+
+#[actix_web::test]
+async fn a_worker_receives_their_districts_drops_the_rest_and_gains_a_new_district() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let north = create_user(&app, &admin, "north-worker", "read-write", json!({"district": ["north"]})).await;
+    push(
+        &app,
+        &admin,
+        "admin-device",
+        vec![
+            record("h-north", "household", json!({"district": "north", "n": 1})),
+            record("h-east", "household", json!({"district": "east"})),
+            record("h-south", "household", json!({"district": "south"})),
+            record("f-1", "facility", json!({"name": "clinic"})),
+            record("v-1", "visit", json!({"district": "north"})),
+        ],
+    )
+    .await;
+    push(&app, &north, "phone", vec![record("own-1", "visit", json!({"district": "east"}))]).await;
+
+    // Before any set, the worker's phone holds everything.
+    let mut phone = Device::new("phone");
+    phone.sync(&app, &north, 2).await;
+    assert_eq!(phone.ids(), ["f-1", "h-east", "h-north", "h-south", "own-1", "v-1"]);
+
+    set_rules(&app, &admin, district_rules()).await;
+
+    // The next sync drops what left the set, with tombstones above the cursor (S2), and keeps
+    // the protocol (pull_all checks P2-P4 on every page).
+    let received = phone.sync(&app, &north, 2).await;
+    assert_eq!(phone.ids(), ["f-1", "h-north", "own-1"]);
+    let tombstone = received.iter().find(|r| r["observation_id"] == "h-east").expect("tombstone of h-east");
+    assert_eq!(tombstone["deleted"], true);
+    assert_eq!(tombstone["data"], json!({}));
+    // A new device of the same user receives exactly the set (S1).
+    let mut tablet = Device::new("tablet");
+    tablet.sync(&app, &north, 1).await;
+    assert_eq!(tablet.ids(), ["f-1", "h-north", "own-1"]);
+    assert_eq!(tablet.records["h-north"], json!({"district": "north", "n": 1}));
+
+    // Given the east district, the existing east household arrives although its change is below
+    // both devices' cursors (S3), without a reset.
+    set_attributes(&app, &admin, "north-worker", json!({"district": ["north", "east"]})).await;
+    phone.sync(&app, &north, 3).await;
+    tablet.sync(&app, &north, 50).await;
+    assert_eq!(phone.ids(), ["f-1", "h-east", "h-north", "own-1"]);
+    assert_eq!(tablet.ids(), phone.ids());
+
+    // Nothing new: an empty page at the head.
+    let before = phone.cursor;
+    assert!(phone.sync(&app, &north, 10).await.is_empty());
+    assert_eq!(phone.cursor, before);
+
+    // Admins see everything, always.
+    let mut admin_device = Device::new("admin-device");
+    admin_device.sync(&app, &admin, 4).await;
+    assert_eq!(admin_device.ids().len(), 6);
+}
+
+#[actix_web::test]
+async fn the_scope_set_api_validates_previews_and_audits() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let worker = create_user(&app, &admin, "w", "read-only", json!({"district": ["north"]})).await;
+
+    let (status, body) = app.call(Method::GET, "/admin/scopes", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"activated_at": null, "rules": null, "version": 0}));
+    let (status, _) = app.call(Method::GET, "/admin/scopes", Some(&worker), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // Every problem is listed, and nothing is stored.
+    let bad = json!([
+        {"name": "a", "applies_to": {"roles": ["chief"]}, "form_types": []},
+        {"name": "a", "applies_to": {"users": ["w"]}, "form_types": "*", "where": {"field": "a..b", "in_attribute": "d"}}
+    ]);
+    let (status, body) = app.call(Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": bad}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["code"], "BAD_REQUEST");
+    let paths: Vec<&str> = body["errors"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["/rules/0/applies_to/roles/0", "/rules/0/form_types", "/rules/1/where/field", "/rules/1/name"]);
+    let (status, body) = app.call(Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": "x"}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) =
+        app.call(Method::PUT, "/users/w", Some(&admin), Some(json!({"attributes": {"bad name": ["x"]}}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("'bad name'"), "{body}");
+
+    push(
+        &app,
+        &admin,
+        "a",
+        vec![
+            record("h1", "household", json!({"district": "north"})),
+            record("h2", "household", json!({"district": "east"})),
+            record("f1", "facility", json!({})),
+        ],
+    )
+    .await;
+    let version = set_rules(&app, &admin, district_rules()).await;
+    let (_, body) = app.call(Method::GET, "/admin/scopes", Some(&admin), None).await;
+    assert_eq!(body["version"], version);
+    assert_eq!(body["rules"], district_rules());
+
+    let (status, body) = app.call(Method::GET, "/admin/scopes/preview?user=w", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["active"]["counts"], json!({"facility": 1, "household": 1}));
+    assert_eq!(body["active"]["total"], 2);
+    assert_eq!(body["active"]["everything"], false);
+    assert_eq!(body["active"]["rules"].as_array().unwrap().len(), 2);
+    assert!(body["preparing"].is_null());
+    let (_, body) = app.call(Method::GET, "/admin/scopes/preview?user=admin", Some(&admin), None).await;
+    assert_eq!(body["active"]["everything"], true);
+    assert_eq!(body["active"]["total"], 3);
+    let (status, _) = app.call(Method::GET, "/admin/scopes/preview?user=nobody", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Back to no set: the worker receives everything again, through the same protocol.
+    let (status, body) = app.call(Method::DELETE, "/admin/scopes", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    wait_in_force(&app, &admin, body["version"].as_i64().unwrap()).await;
+    let (_, body) = app.call(Method::GET, "/admin/scopes", Some(&admin), None).await;
+    assert_eq!(body["version"], 0);
+    let mut phone = Device::new("p");
+    phone.sync(&app, &worker, 2).await;
+    assert_eq!(phone.ids(), ["f1", "h1", "h2"]);
+    // A DELETE with nothing in force changes nothing.
+    let (status, body) = app.call(Method::DELETE, "/admin/scopes", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["version"], 0);
+
+    let (_, audit) = app.call(Method::GET, "/admin/audit?limit=100", Some(&admin), None).await;
+    let actions: Vec<&str> = audit["items"].as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(actions.iter().filter(|a| **a == "scope.change").count(), 2, "{actions:?}");
+    assert_eq!(actions.iter().filter(|a| **a == "scope.activate").count(), 2, "{actions:?}");
+    assert!(actions.contains(&"user.attributes_change"));
+}
