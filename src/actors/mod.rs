@@ -79,8 +79,9 @@ pub async fn start(
         .start(),
     );
     let export_jobs = export_jobs::ExportJobs::start(config, pool, conn, reads, clock.clone())?;
-    let scope_sets =
-        scope_sets::ScopeSetsHandle(scope_sets::ScopeSets::new(pool.clone(), &config.node_id, clock.clone()).start());
+    let scope_sets = scope_sets::ScopeSetsHandle(
+        scope_sets::ScopeSets::new(pool.clone(), &config.node_id, clock.clone()).start(),
+    );
     spawn_housekeeping(pool.clone(), config.transmission_retention_days, config.audit_retention_days);
     Ok(Actors { change_log, presence, bundles, attachments, export_jobs, scope_sets })
 }

@@ -62,7 +62,8 @@ pub struct ScopeSetsHandle(pub(super) Addr<ScopeSets>);
 impl ScopeSetsHandle {
     pub async fn replace(&self, rules: Option<ScopeRules>, origin: Origin) -> ApiResult<NewVersion> {
         let answer = self.0.send(Replace { rules, origin }).await;
-        let stored = answer.map_err(|source| ApiError::internal(super::NoAnswer { actor: "scope sets", source }))?;
+        let stored =
+            answer.map_err(|source| ApiError::internal(super::NoAnswer { actor: "scope sets", source }))?;
         Ok(stored?)
     }
 }
@@ -84,7 +85,8 @@ impl Actor for ScopeSets {
     type Context = Context<Self>;
 
     fn started(&mut self, _: &mut Context<Self>) {
-        let preparer = Preparer { pool: self.pool.clone(), node: self.node.clone(), clock: self.clock.clone() };
+        let preparer =
+            Preparer { pool: self.pool.clone(), node: self.node.clone(), clock: self.clock.clone() };
         let wake = self.wake.clone();
         actix::spawn(async move { preparer.run(wake).await });
     }
@@ -145,13 +147,18 @@ impl Preparer {
     async fn prepare_if_due(&self) -> Result<(), ScopeError> {
         let mut db = self.pool.get().await?;
         let Some(version) = scope::state(&db).await?.preparing_version else { return Ok(()) };
-        let locked: bool =
-            db.query_one("SELECT pg_try_advisory_lock($1)", &[&PREPARATION_LOCK]).await.map_err(DbError::from)?.get(0);
+        let locked: bool = db
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&PREPARATION_LOCK])
+            .await
+            .map_err(DbError::from)?
+            .get(0);
         if !locked {
             return Ok(());
         }
-        let result =
-            self.prepare(&mut db, version).instrument(tracing::info_span!("scope_preparation", version)).await;
+        let result = self
+            .prepare(&mut db, version)
+            .instrument(tracing::info_span!("scope_preparation", version))
+            .await;
         db.execute("SELECT pg_advisory_unlock($1)", &[&PREPARATION_LOCK]).await.map_err(DbError::from)?;
         result
     }
@@ -190,11 +197,17 @@ impl Preparer {
                 "from_version": s.previous, "to_version": s.version, "redelivered": s.redelivered,
                 "users_affected": s.users_affected, "block_base": s.base,
             });
-            audit::append(&tx, &Origin::server(&self.node).entry(Action::ScopeSetActivated, None, details)).await?;
+            audit::append(&tx, &Origin::server(&self.node).entry(Action::ScopeSetActivated, None, details))
+                .await?;
         }
         tx.commit().await.map_err(DbError::from)?;
         if let Some(s) = switched {
-            tracing::info!(version = s.version, redelivered = s.redelivered, users = s.users_affected, "scope set in force");
+            tracing::info!(
+                version = s.version,
+                redelivered = s.redelivered,
+                users = s.users_affected,
+                "scope set in force"
+            );
         }
         Ok(())
     }

@@ -129,7 +129,13 @@ impl PageRows {
 /// which carries the head. While no scope set is in force (and for admins) that is every change;
 /// otherwise, or while the user has redeliveries to receive, the statement says so in its last
 /// column and the page is read as `scope::pull` reads it, in a snapshot of its own.
-pub async fn pull_page(db: Object, username: &str, after: i64, types: &[String], limit: i64) -> DbResult<PageRows> {
+pub async fn pull_page(
+    db: Object,
+    username: &str,
+    after: i64,
+    types: &[String],
+    limit: i64,
+) -> DbResult<PageRows> {
     // With a type filter, each type is read in change_id order from (form_type, change_id) and
     // the short lists are merged. Written as `form_type = ANY(...)`, the planner picks a bitmap
     // scan of every matching row plus a sort whenever its statistics lag behind a burst of

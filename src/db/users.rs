@@ -126,8 +126,9 @@ pub struct UserUpdate {
 
 /// What scope rules know of a stored user.
 fn facts(user: &UserRow) -> DbResult<UserFacts> {
-    let attributes = UserAttributes::parse(&user.attributes)
-        .map_err(|_| DbError::Other(format!("user {}: stored attributes do not parse", user.username).into()))?;
+    let attributes = UserAttributes::parse(&user.attributes).map_err(|_| {
+        DbError::Other(format!("user {}: stored attributes do not parse", user.username).into())
+    })?;
     Ok(UserFacts { username: user.username.clone(), role: user.role, attributes })
 }
 
@@ -155,7 +156,8 @@ pub async fn update(
     };
     let role = change.role.unwrap_or(current.role);
     let hash = change.password_hash.clone().unwrap_or(current.password_hash.clone());
-    let attributes = change.attributes.as_ref().map_or_else(|| current.attributes.clone(), UserAttributes::to_json);
+    let attributes =
+        change.attributes.as_ref().map_or_else(|| current.attributes.clone(), UserAttributes::to_json);
     let sql = format!(
         "UPDATE users SET role = $2, email = $3, password_hash = $4, attributes = $6,
             token_generation = token_generation + CASE WHEN $5 THEN 1 ELSE 0 END

@@ -44,16 +44,23 @@ pub async fn get_set(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
 #[utoipa::path(put, path = "/admin/scopes", tag = "scopes",
     request_body(content = Object, description = "{\"rules\": [...]}"),
     responses((status = 202, body = ScopeChange), (status = 400)), security(("bearerAuth" = [])))]
-pub async fn put_set(req: HttpRequest, Auth(caller): Auth, JsonBody(body): JsonBody) -> ApiResult<HttpResponse> {
+pub async fn put_set(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    JsonBody(body): JsonBody,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
     let Some(object) = body.as_object() else {
         return Err(ApiError::bad_request("Request body must be a JSON object with 'rules'"));
     };
-    let raw = object.get("rules").ok_or_else(|| ApiError::bad_request("'rules' is required").with_path("/rules"))?;
+    let raw = object
+        .get("rules")
+        .ok_or_else(|| ApiError::bad_request("'rules' is required").with_path("/rules"))?;
     let rules = ScopeRules::parse(raw).map_err(|problems| {
         let count = problems.len();
-        ApiError::bad_request(format!("The scope set has {count} problem(s); none was saved")).with_errors(problems)
+        ApiError::bad_request(format!("The scope set has {count} problem(s); none was saved"))
+            .with_errors(problems)
     })?;
     let new = st.actors.scope_sets.replace(Some(rules), audit_origin(&req, st, &caller.username)).await?;
     Ok(HttpResponse::Accepted().json(ScopeChange {
@@ -73,7 +80,11 @@ pub async fn delete_set(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpR
     let st = state(&req)?;
     let new = st.actors.scope_sets.replace(None, audit_origin(&req, st, &caller.username)).await?;
     if new.version == 0 {
-        return Ok(HttpResponse::Ok().json(ScopeChange { replaced_version: None, state: "active", version: 0 }));
+        return Ok(HttpResponse::Ok().json(ScopeChange {
+            replaced_version: None,
+            state: "active",
+            version: 0,
+        }));
     }
     Ok(HttpResponse::Accepted().json(ScopeChange {
         replaced_version: new.replaced,
@@ -145,7 +156,12 @@ pub async fn preview(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
             Some(set_preview(&db, &facts, version, rules.as_deref(), false).await?)
         }
     };
-    Ok(HttpResponse::Ok().json(ScopePreview { active, preparing, role: user.role.to_string(), user: username }))
+    Ok(HttpResponse::Ok().json(ScopePreview {
+        active,
+        preparing,
+        role: user.role.to_string(),
+        user: username,
+    }))
 }
 
 async fn set_preview(

@@ -143,7 +143,7 @@ pub async fn update(
     let attributes = body
         .attributes
         .as_ref()
-        .map(|raw| UserAttributes::parse(raw).map_err(|problems| invalid_attributes(problems)))
+        .map(|raw| UserAttributes::parse(raw).map_err(invalid_attributes))
         .transpose()?;
     let origin = audit_origin(&req, st, &caller.username);
     let mut db = st.pool.get().await?;

@@ -47,7 +47,8 @@ pub fn record(id: &str, form_type: &str, data: Value) -> Value {
 }
 
 pub async fn push(api: &Api, token: &str, client: &str, records: Vec<Value>) -> Value {
-    let body = json!({"transmission_id": uuid::Uuid::new_v4().to_string(), "client_id": client, "records": records});
+    let body =
+        json!({"transmission_id": uuid::Uuid::new_v4().to_string(), "client_id": client, "records": records});
     let (status, body) = api.push(token, body).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     body
@@ -55,7 +56,8 @@ pub async fn push(api: &Api, token: &str, client: &str, records: Vec<Value>) -> 
 
 /// Sets the rules and waits until they are in force (the preparation runs in the background).
 pub async fn set_rules(api: &Api, admin: &str, rules: Value) -> i64 {
-    let (status, body) = api.call(Method::PUT, "/admin/scopes", Some(admin), Some(json!({"rules": rules}))).await;
+    let (status, body) =
+        api.call(Method::PUT, "/admin/scopes", Some(admin), Some(json!({"rules": rules}))).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert_eq!(body["state"], "preparing");
     let version = body["version"].as_i64().expect("version");
@@ -87,8 +89,9 @@ async fn create_user(api: &Api, admin: &str, name: &str, role: &str, attributes:
 }
 
 pub async fn set_attributes(api: &Api, admin: &str, name: &str, attributes: Value) {
-    let (status, body) =
-        api.call(Method::PUT, &format!("/users/{name}"), Some(admin), Some(json!({"attributes": attributes}))).await;
+    let (status, body) = api
+        .call(Method::PUT, &format!("/users/{name}"), Some(admin), Some(json!({"attributes": attributes})))
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["attributes"], attributes);
 }
@@ -178,15 +181,22 @@ async fn the_scope_set_api_validates_previews_and_audits() {
         {"name": "a", "applies_to": {"roles": ["chief"]}, "form_types": []},
         {"name": "a", "applies_to": {"users": ["w"]}, "form_types": "*", "where": {"field": "a..b", "in_attribute": "d"}}
     ]);
-    let (status, body) = app.call(Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": bad}))).await;
+    let (status, body) =
+        app.call(Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": bad}))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["code"], "BAD_REQUEST");
-    let paths: Vec<&str> = body["errors"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
-    assert_eq!(paths, ["/rules/0/applies_to/roles/0", "/rules/0/form_types", "/rules/1/where/field", "/rules/1/name"]);
-    let (status, body) = app.call(Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": "x"}))).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let paths: Vec<&str> =
+        body["errors"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert_eq!(
+        paths,
+        ["/rules/0/applies_to/roles/0", "/rules/0/form_types", "/rules/1/where/field", "/rules/1/name"]
+    );
     let (status, body) =
-        app.call(Method::PUT, "/users/w", Some(&admin), Some(json!({"attributes": {"bad name": ["x"]}}))).await;
+        app.call(Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": "x"}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = app
+        .call(Method::PUT, "/users/w", Some(&admin), Some(json!({"attributes": {"bad name": ["x"]}})))
+        .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body["message"].as_str().unwrap().contains("'bad name'"), "{body}");
 
@@ -234,7 +244,8 @@ async fn the_scope_set_api_validates_previews_and_audits() {
     assert_eq!(body["version"], 0);
 
     let (_, audit) = app.call(Method::GET, "/admin/audit?limit=100", Some(&admin), None).await;
-    let actions: Vec<&str> = audit["items"].as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
+    let actions: Vec<&str> =
+        audit["items"].as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
     assert_eq!(actions.iter().filter(|a| **a == "scope.change").count(), 2, "{actions:?}");
     assert_eq!(actions.iter().filter(|a| **a == "scope.activate").count(), 2, "{actions:?}");
     assert!(actions.contains(&"user.attributes_change"));

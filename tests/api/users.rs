@@ -16,7 +16,10 @@ fn assert_user_object(u: &Value, username: &str, role: &str) {
     sorted.sort_unstable();
     // `GET /users` items also carry `presence` (docs/api.md §17.4).
     sorted.retain(|k| *k != "presence");
-    assert_eq!(sorted, ["createdAt", "created_at", "email", "id", "last_login", "role", "roles", "username"]);
+    assert_eq!(
+        sorted,
+        ["attributes", "createdAt", "created_at", "email", "id", "last_login", "role", "roles", "username"]
+    );
     uuid::Uuid::parse_str(u["id"].as_str().expect("id")).expect("UUID id");
     assert_eq!(u["username"], username);
     assert_eq!(u["role"], role);

@@ -48,13 +48,13 @@ pub struct SetVersion {
 }
 
 pub async fn state(db: &impl GenericClient) -> DbResult<ScopeState> {
-    let row = db
-        .query_one("SELECT active_version, preparing_version, revision FROM scope_state", &[])
-        .await?;
+    let row =
+        db.query_one("SELECT active_version, preparing_version, revision FROM scope_state", &[]).await?;
     Ok(ScopeState { active_version: row.get(0), preparing_version: row.get(1), revision: row.get(2) })
 }
 
-const SET_COLUMNS: &str = "version, rules, state, created_at, created_by, activated_at, event_id, scan_after, \
+const SET_COLUMNS: &str =
+    "version, rules, state, created_at, created_by, activated_at, event_id, scan_after, \
      scan_head, slots, scanned, to_scan";
 
 fn set_from_row(row: &tokio_postgres::Row) -> DbResult<SetVersion> {
@@ -164,7 +164,10 @@ pub async fn create_version(
         return Ok(NewVersion { version: 0, replaced: None, previous_active: 0 });
     }
     let replaced: Option<i64> = tx
-        .query_opt("UPDATE scope_sets SET state = 'replaced' WHERE state = 'preparing' RETURNING version", &[])
+        .query_opt(
+            "UPDATE scope_sets SET state = 'replaced' WHERE state = 'preparing' RETURNING version",
+            &[],
+        )
         .await?
         .map(|row| row.get(0));
     let version: i64 =

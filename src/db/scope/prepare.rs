@@ -9,9 +9,11 @@ use deadpool_postgres::{GenericClient, Transaction};
 use crate::db::records::CHANGELOG_LOCK;
 use crate::db::scope::{set_version, SetVersion};
 use crate::db::{DbError, DbResult};
-use crate::domain::scope::refs::attachment_refs;
-use crate::domain::scope::{changed_keys, KeyPlan, ScopeRules, Touched, UserAttributes, UserFacts, Visibility, ALL};
 use crate::domain::role::Role;
+use crate::domain::scope::refs::attachment_refs;
+use crate::domain::scope::{
+    changed_keys, KeyPlan, ScopeRules, Touched, UserAttributes, UserFacts, Visibility, ALL,
+};
 
 /// Records per batch: a batch holds their rows `FOR SHARE` (an update of one of them waits for
 /// the batch) and commits its progress with its rows, so a crash loses at most one batch.
@@ -31,9 +33,9 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(set: &SetVersion, active: Option<&ScopeRules>) -> DbResult<Plan> {
-        let event_id = set
-            .event_id
-            .ok_or_else(|| DbError::Other(format!("scope set version {} has no event", set.version).into()))?;
+        let event_id = set.event_id.ok_or_else(|| {
+            DbError::Other(format!("scope set version {} has no event", set.version).into())
+        })?;
         let new = set.rules.as_deref();
         let old_families = active.map(ScopeRules::families).unwrap_or_default();
         let new_families: BTreeSet<_> = new.map(ScopeRules::families).unwrap_or_default();
@@ -278,7 +280,8 @@ pub async fn switch(tx: &Transaction<'_>, plan: &Plan, now: DateTime<Utc>) -> Db
 /// past them. The caller holds the change-log lock.
 pub(super) async fn take_block(db: &impl GenericClient, event_id: i64, size: i64) -> DbResult<i64> {
     let base: i64 = db.query_one("SELECT head FROM change_head", &[]).await?.get(0);
-    db.execute("UPDATE scope_events SET base = $2, size = $3 WHERE id = $1", &[&event_id, &base, &size]).await?;
+    db.execute("UPDATE scope_events SET base = $2, size = $3 WHERE id = $1", &[&event_id, &base, &size])
+        .await?;
     if size > 0 {
         db.execute("UPDATE change_head SET head = $1", &[&(base + size)]).await?;
     }
@@ -293,7 +296,8 @@ pub(super) async fn all_users(db: &impl GenericClient) -> DbResult<Vec<UserFacts
 pub(super) fn user_facts(row: &tokio_postgres::Row) -> DbResult<UserFacts> {
     let username: String = row.get(0);
     let role: String = row.get(1);
-    let role = Role::parse(&role).ok_or_else(|| DbError::Other(format!("user {username} has role {role}").into()))?;
+    let role = Role::parse(&role)
+        .ok_or_else(|| DbError::Other(format!("user {username} has role {role}").into()))?;
     let attributes = UserAttributes::parse(&row.get::<_, serde_json::Value>(2))
         .map_err(|_| DbError::Other(format!("user {username}: stored attributes do not parse").into()))?;
     Ok(UserFacts { username, role, attributes })

@@ -56,7 +56,11 @@ pub fn attachment_visible_sql(attachment: &str, user: &str) -> String {
 }
 
 /// True when the attachment exists and `username` may download it now.
-pub async fn attachment_visible(db: &impl GenericClient, username: &str, attachment_id: &str) -> DbResult<bool> {
+pub async fn attachment_visible(
+    db: &impl GenericClient,
+    username: &str,
+    attachment_id: &str,
+) -> DbResult<bool> {
     let sql = format!("SELECT {} FROM attachments a WHERE a.id = $2", attachment_visible_sql("a", "$1"));
     Ok(db.query_opt(&sql, &[&username, &attachment_id]).await?.is_some_and(|row| row.get(0)))
 }
@@ -71,7 +75,8 @@ pub async fn visible_counts(
 ) -> DbResult<std::collections::BTreeMap<String, i64>> {
     let rows = match keys {
         None => {
-            db.query("SELECT form_type, count(*) FROM records WHERE NOT deleted GROUP BY form_type", &[]).await?
+            db.query("SELECT form_type, count(*) FROM records WHERE NOT deleted GROUP BY form_type", &[])
+                .await?
         }
         Some(keys) => {
             db.query(

@@ -45,7 +45,8 @@ impl UserAttributes {
                 continue;
             };
             if values.len() > MAX_VALUES {
-                problems.push(problem(&path, format!("attribute '{name}' has more than {MAX_VALUES} values")));
+                problems
+                    .push(problem(&path, format!("attribute '{name}' has more than {MAX_VALUES} values")));
                 continue;
             }
             let mut kept: Vec<String> = Vec::with_capacity(values.len());
@@ -114,7 +115,8 @@ mod tests {
 
     #[test]
     fn accepts_the_documented_shape_and_drops_duplicate_values() {
-        let parsed = UserAttributes::parse(&json!({"district": ["north", "east", "north"], "team": ["t7"]})).unwrap();
+        let parsed =
+            UserAttributes::parse(&json!({"district": ["north", "east", "north"], "team": ["t7"]})).unwrap();
         assert_eq!(parsed.values("district"), ["north", "east"]);
         assert_eq!(parsed.values("team"), ["t7"]);
         assert!(parsed.values("missing").is_empty());

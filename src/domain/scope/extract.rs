@@ -133,13 +133,13 @@ impl<'de> Visitor<'de> for NodeSeed<'_, '_> {
 }
 
 /// An object key, borrowed from the text unless it had escapes.
-enum Key<'de> {
+pub(super) enum Key<'de> {
     Borrowed(&'de str),
     Owned(String),
 }
 
 impl Key<'_> {
-    fn as_str(&self) -> &str {
+    pub(super) fn as_str(&self) -> &str {
         match self {
             Key::Borrowed(key) => key,
             Key::Owned(key) => key,
@@ -147,7 +147,7 @@ impl Key<'_> {
     }
 }
 
-struct KeySeed;
+pub(super) struct KeySeed;
 
 impl<'de> DeserializeSeed<'de> for KeySeed {
     type Value = Key<'de>;
@@ -221,7 +221,8 @@ mod tests {
     #[test]
     fn nested_paths_and_a_path_below_a_leaf() {
         let set = paths(&["address.district", "address", "address.gps.lat"]);
-        let found = set.read(r#"{"address":{"district":"east","gps":{"lat":-1.5}},"x":[{"address":1}]}"#).unwrap();
+        let found =
+            set.read(r#"{"address":{"district":"east","gps":{"lat":-1.5}},"x":[{"address":1}]}"#).unwrap();
         assert_eq!(found, vec![Some("east".into()), None, Some("-1.5".into())]);
         let found = set.read(r#"{"address":"flat 4"}"#).unwrap();
         assert_eq!(found, vec![None, Some("flat 4".into()), None]);

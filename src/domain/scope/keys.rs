@@ -32,7 +32,10 @@ pub struct Family {
 
 impl Family {
     pub fn of(rule: &ScopeRule) -> Family {
-        Family { form_types: rule.form_types.clone(), field: rule.condition.as_ref().map(|c| c.field().clone()) }
+        Family {
+            form_types: rule.form_types.clone(),
+            field: rule.condition.as_ref().map(|c| c.field().clone()),
+        }
     }
 
     /// A short, stable name: the same family has the same id in every set version, so rules that
@@ -120,7 +123,8 @@ impl KeyPlan {
         if matching.is_empty() {
             return Ok(Vec::new());
         }
-        let values = if matching.iter().any(|f| f.path_index.is_some()) { self.paths.read(data)? } else { Vec::new() };
+        let values =
+            if matching.iter().any(|f| f.path_index.is_some()) { self.paths.read(data)? } else { Vec::new() };
         let mut keys = BTreeSet::new();
         for planned in matching {
             match planned.path_index {
@@ -218,7 +222,9 @@ impl Visibility {
 pub fn changed_keys(old: &Visibility, new: &Visibility) -> BTreeSet<String> {
     match (old, new) {
         (Visibility::All, Visibility::All) => BTreeSet::new(),
-        (Visibility::All, Visibility::Keys(_)) | (Visibility::Keys(_), Visibility::All) => BTreeSet::from([ALL.to_owned()]),
+        (Visibility::All, Visibility::Keys(_)) | (Visibility::Keys(_), Visibility::All) => {
+            BTreeSet::from([ALL.to_owned()])
+        }
         (Visibility::Keys(old), Visibility::Keys(new)) => {
             old.symmetric_difference(new).filter(|key| !is_personal(key)).cloned().collect()
         }
@@ -238,7 +244,11 @@ pub enum Touched {
 impl Touched {
     pub fn between(old: Option<&ScopeRules>, new: Option<&ScopeRules>) -> Touched {
         let (Some(old), Some(new)) = (old, new) else {
-            return if old.is_none() && new.is_none() { Touched::Families(BTreeSet::new()) } else { Touched::All };
+            return if old.is_none() && new.is_none() {
+                Touched::Families(BTreeSet::new())
+            } else {
+                Touched::All
+            };
         };
         let by_family = |rules: &ScopeRules| {
             let mut map: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -331,7 +341,8 @@ mod tests {
                                 "where": {"field": "a.zone", "in_attribute": "zone"}}]));
         let plan = KeyPlan::new(&set.families());
         let keys = plan.record_keys("t", r#"{"a":{"zone":7}}"#).unwrap();
-        let Visibility::Keys(user_keys) = Visibility::of(Some(&set), &user("u", Role::ReadOnly, json!({"zone": ["7"]})))
+        let Visibility::Keys(user_keys) =
+            Visibility::of(Some(&set), &user("u", Role::ReadOnly, json!({"zone": ["7"]})))
         else {
             panic!()
         };
@@ -346,7 +357,8 @@ mod tests {
     fn changed_keys_between_visibilities() {
         let set = example();
         let before = Visibility::of(Some(&set), &user("w", Role::ReadWrite, json!({"district": ["east"]})));
-        let after = Visibility::of(Some(&set), &user("w", Role::ReadWrite, json!({"district": ["east", "west"]})));
+        let after =
+            Visibility::of(Some(&set), &user("w", Role::ReadWrite, json!({"district": ["east", "west"]})));
         let changed = changed_keys(&before, &after);
         assert_eq!(changed.len(), 1);
         assert!(changed.iter().next().unwrap().ends_with("=west"));

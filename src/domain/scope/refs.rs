@@ -11,6 +11,11 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::domain::attachment::validate_id;
+use crate::domain::scope::extract::KeySeed;
+
+/// The key under which serde_json (with `arbitrary_precision`) hands a number's text to a map
+/// visitor: a number, not a string the record holds.
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
 /// The strings of `data` that may name an attachment, sorted and distinct.
 pub fn attachment_refs(data: &str) -> Result<Vec<String>, serde_json::Error> {
@@ -31,7 +36,11 @@ pub fn may_name_attachment(text: &str) -> bool {
 
 fn has_extension(text: &str) -> bool {
     match text.rsplit_once('.') {
-        Some((stem, ext)) => !stem.is_empty() && (1..=10).contains(&ext.len()) && ext.bytes().all(|b| b.is_ascii_alphanumeric()),
+        Some((stem, ext)) => {
+            !stem.is_empty()
+                && (1..=10).contains(&ext.len())
+                && ext.bytes().all(|b| b.is_ascii_alphanumeric())
+        }
         None => false,
     }
 }
@@ -93,8 +102,12 @@ impl<'de> Visitor<'de> for Strings<'_> {
         // Keys are names, not values: only values can hold an attachment id. (A number's text
         // arrives as a one-entry map under serde_json's arbitrary_precision and is skipped the
         // same way.)
-        while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
-            map.next_value_seed(Strings { found: self.found })?;
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            if key.as_str() == NUMBER_TOKEN {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            } else {
+                map.next_value_seed(Strings { found: self.found })?;
+            }
         }
         Ok(())
     }

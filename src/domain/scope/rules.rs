@@ -54,7 +54,9 @@ impl FieldPath {
         let segments: Vec<String> = raw.split('.').map(str::to_owned).collect();
         let valid = !raw.is_empty()
             && segments.len() <= MAX_PATH_SEGMENTS
-            && segments.iter().all(|s| !s.is_empty() && s.chars().count() <= 255 && !s.chars().any(char::is_control));
+            && segments
+                .iter()
+                .all(|s| !s.is_empty() && s.chars().count() <= 255 && !s.chars().any(char::is_control));
         valid.then_some(FieldPath(segments))
     }
 
@@ -100,7 +102,8 @@ impl ScopeRule {
     fn to_json(&self) -> Value {
         let mut applies_to = Map::new();
         if !self.roles.is_empty() {
-            applies_to.insert("roles".into(), json!(self.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>()));
+            applies_to
+                .insert("roles".into(), json!(self.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>()));
         }
         if !self.users.is_empty() {
             applies_to.insert("users".into(), json!(self.users));
@@ -177,7 +180,10 @@ fn parse_rule(raw: &Value, at: &str, problems: &mut Vec<ItemProblem>) -> Option<
     let name = match object.get("name").and_then(Value::as_str) {
         Some(name) if (1..=MAX_NAME_CHARS).contains(&name.chars().count()) => name.to_owned(),
         _ => {
-            problems.push(problem(format!("{at}/name"), format!("name must be a string of 1 to {MAX_NAME_CHARS} characters")));
+            problems.push(problem(
+                format!("{at}/name"),
+                format!("name must be a string of 1 to {MAX_NAME_CHARS} characters"),
+            ));
             String::new()
         }
     };
@@ -209,7 +215,10 @@ fn parse_applies_to(
     };
     for key in object.keys() {
         if key != "roles" && key != "users" {
-            problems.push(problem(format!("{at}/{key}"), format!("unknown key '{key}' (applies_to has roles and users)")));
+            problems.push(problem(
+                format!("{at}/{key}"),
+                format!("unknown key '{key}' (applies_to has roles and users)"),
+            ));
         }
     }
     if let Some(raw_roles) = object.get("roles") {
@@ -238,9 +247,8 @@ fn parse_applies_to(
                         Ok(()) => {
                             users.insert(name.to_owned());
                         }
-                        Err(reason) => {
-                            problems.push(problem(format!("{at}/users/{i}"), format!("user '{name}': {}", reason.0)))
-                        }
+                        Err(reason) => problems
+                            .push(problem(format!("{at}/users/{i}"), format!("user '{name}': {}", reason.0))),
                     }
                 }
             }
@@ -282,7 +290,10 @@ fn parse_form_types(raw: Option<&Value>, at: &str, problems: &mut Vec<ItemProble
                 Some(FormTypes::Only(types))
             }
             _ => {
-                problems.push(problem(at, format!("form_types must be \"*\" or an array of at most {MAX_LIST} strings")));
+                problems.push(problem(
+                    at,
+                    format!("form_types must be \"*\" or an array of at most {MAX_LIST} strings"),
+                ));
                 None
             }
         },
@@ -311,12 +322,17 @@ fn parse_condition(raw: &Value, at: &str, problems: &mut Vec<ItemProblem>) -> Op
         Some((raw, None)) => {
             problems.push(problem(
                 format!("{at}/field"),
-                format!("bad path '{raw}': dot-separated keys of data, none empty, at most {MAX_PATH_SEGMENTS}"),
+                format!(
+                    "bad path '{raw}': dot-separated keys of data, none empty, at most {MAX_PATH_SEGMENTS}"
+                ),
             ));
             None
         }
         None => {
-            problems.push(problem(format!("{at}/field"), "field must be a path into data, like \"district\" or \"address.district\""));
+            problems.push(problem(
+                format!("{at}/field"),
+                "field must be a path into data, like \"district\" or \"address.district\"",
+            ));
             None
         }
     };
@@ -326,7 +342,8 @@ fn parse_condition(raw: &Value, at: &str, problems: &mut Vec<ItemProblem>) -> Op
             None
         }
         (None, None) => {
-            problems.push(problem(at, "where needs in_attribute (a user attribute name) or equals (a value)"));
+            problems
+                .push(problem(at, "where needs in_attribute (a user attribute name) or equals (a value)"));
             None
         }
         (Some(attribute), None) => match attribute.as_str() {
@@ -340,9 +357,14 @@ fn parse_condition(raw: &Value, at: &str, problems: &mut Vec<ItemProblem>) -> Op
             }
         },
         (None, Some(value)) => match value.as_str() {
-            Some(text) if (1..=MAX_VALUE_CHARS).contains(&text.chars().count()) => Some((Some(text.to_owned()), None)),
+            Some(text) if (1..=MAX_VALUE_CHARS).contains(&text.chars().count()) => {
+                Some((Some(text.to_owned()), None))
+            }
             _ => {
-                problems.push(problem(format!("{at}/equals"), format!("equals must be a string of 1 to {MAX_VALUE_CHARS} characters")));
+                problems.push(problem(
+                    format!("{at}/equals"),
+                    format!("equals must be a string of 1 to {MAX_VALUE_CHARS} characters"),
+                ));
                 None
             }
         },
