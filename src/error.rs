@@ -222,6 +222,17 @@ impl ApiError {
         parts.join(": ")
     }
 
+    /// The 409 a client gets when its repository generation is not the server's (docs/api.md
+    /// §17.2): the server's generation in the body and in `x-repository-generation`.
+    pub fn reset_required(server_generation: i64) -> Self {
+        Self::of(ErrorCode::RepositoryResetRequired)
+            .with_header(
+                header::HeaderName::from_static("x-repository-generation"),
+                server_generation.to_string(),
+            )
+            .with_extra("repository_generation", server_generation)
+    }
+
     pub fn rate_limited(retry_after_secs: u64) -> Self {
         let secs = retry_after_secs.max(1);
         let mut e = Self::of(ErrorCode::RateLimited).with_header(header::RETRY_AFTER, secs.to_string());

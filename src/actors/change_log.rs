@@ -77,16 +77,6 @@ enum Waiting {
     Reset(Origin, oneshot::Sender<ApiResult<Head>>),
 }
 
-/// The 409 a client gets when its generation is not the server's.
-pub fn reset_required(server_generation: i64) -> ApiError {
-    ApiError::of(ErrorCode::RepositoryResetRequired)
-        .with_header(
-            actix_web::http::header::HeaderName::from_static("x-repository-generation"),
-            server_generation.to_string(),
-        )
-        .with_extra("repository_generation", server_generation)
-}
-
 /// The change log's front door: every commit of the repository goes through these methods.
 #[derive(Clone)]
 pub struct ChangeLogHandle(pub(super) Addr<ChangeLog>);
@@ -637,7 +627,7 @@ fn answer(outcome: Outcome) -> ApiResult<PushOutcome> {
         Outcome::Applied(result) => Ok(PushOutcome { result, replayed: false }),
         Outcome::Replayed(result) => Ok(PushOutcome { result, replayed: true }),
         Outcome::Mismatch => Err(ApiError::of(ErrorCode::TransmissionMismatch)),
-        Outcome::ResetRequired(generation) => Err(reset_required(generation)),
+        Outcome::ResetRequired(generation) => Err(ApiError::reset_required(generation)),
         Outcome::Lost => Err(ApiError::internal("missing push result")),
     }
 }

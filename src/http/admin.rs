@@ -10,9 +10,9 @@ use crate::domain::page_token::{self, TokenKind};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::common::{query_pairs, X_REPOSITORY_GENERATION};
 use crate::http::compress::negotiated;
 use crate::http::extract::{audit_origin, state, Auth, JsonBody};
-use crate::http::sync::{query_pairs, X_REPOSITORY_GENERATION};
 use crate::http::wire;
 use crate::http::wire::admin::{AuditEntry, AuditPage, Device, ResetAnswer, ResetRequest};
 

@@ -9,16 +9,15 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use crate::actors::attachment_store::{self, BlobPaths, Staged, Store};
-use crate::actors::change_log::reset_required;
 use crate::db::attachments::{self, AttachmentRow};
 use crate::db::records;
 use crate::db::replicas::Target;
 use crate::domain::attachment::{self as rules, Quality, RangeAnswer};
 use crate::domain::role::Role;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::common::{client_generation, current_generation, query_pairs, report_sync};
 use crate::http::context::served_by;
 use crate::http::extract::{forwarded_header, path_param, state, Auth, JsonBody};
-use crate::http::sync::{client_generation, current_generation, query_pairs, report_sync};
 use crate::http::wire;
 use crate::http::wire::attachments::{
     DownloadManifest, DownloadOperation, Manifest, ManifestOperation, ManifestRequest, OperationCount,
@@ -407,7 +406,7 @@ async fn manifest_rows(
         .await?;
     let (generation, head, rows) = served.value;
     if client.is_some_and(|g| g != generation) {
-        return Err(reset_required(generation));
+        return Err(ApiError::reset_required(generation));
     }
     Ok((generation, head, rows, served.by))
 }

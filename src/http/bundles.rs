@@ -23,6 +23,7 @@ use crate::domain::bundle::{diff_versions, strip_active_marker, Limits, VersionV
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::common::if_none_match;
 use crate::http::extract::{api_version, audit_origin, path_param, state, Auth, JsonBody};
 use crate::http::wire;
 use crate::http::wire::bundles::{
@@ -34,18 +35,6 @@ use crate::state::AppState;
 /// still carry an acceptable ZIP; the part itself is checked exactly while streaming.
 const MULTIPART_OVERHEAD: u64 = 64 * 1024;
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
-
-/// Whether `If-None-Match` matches the strong tag `"<hex>"` (docs/api.md §1.6: a list, `*`, and
-/// `W/` tags compared weakly).
-pub fn if_none_match(req: &HttpRequest, hex: &str) -> bool {
-    req.headers().get_all(header::IF_NONE_MATCH).filter_map(|value| value.to_str().ok()).any(|value| {
-        value.split(',').map(str::trim).any(|tag| {
-            tag == "*"
-                || tag.strip_prefix("W/").unwrap_or(tag).strip_prefix('"').and_then(|t| t.strip_suffix('"'))
-                    == Some(hex)
-        })
-    })
-}
 
 fn quoted(hex: &str) -> String {
     format!("\"{hex}\"")

@@ -21,7 +21,7 @@ use chrono::Utc;
 /// the descriptor.
 #[utoipa::path(get, path = "/", tag = "info", responses((status = 200, body = ServiceDescriptor)))]
 pub async fn root(req: HttpRequest) -> HttpResponse {
-    if let Some(redirect) = crate::http::portal::redirect_to_portal(&req) {
+    if let Some(redirect) = crate::http::common::redirect_to_portal(&req) {
         return redirect;
     }
     HttpResponse::Ok().json(ServiceDescriptor {

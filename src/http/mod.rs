@@ -5,6 +5,7 @@ pub mod attachments;
 pub mod auth;
 pub mod body_budget;
 pub mod bundles;
+pub mod common;
 pub mod compress;
 pub mod context;
 pub mod cors;

@@ -10,10 +10,10 @@ use crate::domain::role::Role;
 use crate::domain::sync::clamp_limit;
 use crate::domain::sync::encode::synkronus_record;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::common::query_pairs;
 use crate::http::compress::negotiated;
 use crate::http::context::served_by;
 use crate::http::extract::{path_param, state, Auth};
-use crate::http::sync::query_pairs;
 use crate::http::wire::observations::{History, ObservationPage};
 
 #[derive(Serialize, Deserialize)]

@@ -9,8 +9,8 @@ use actix_web::{HttpRequest, HttpResponse};
 use sha2::{Digest, Sha256};
 
 use crate::error::{ApiError, ApiResult};
-use crate::http::bundles::if_none_match;
-use crate::http::extract::{forwarded_header, path_param, state};
+use crate::http::common::{base_path, if_none_match};
+use crate::http::extract::path_param;
 
 struct Asset {
     name: &'static str,
@@ -72,29 +72,6 @@ fn respond(req: &HttpRequest, content_type: &str, etag: &str, body: Vec<u8>) -> 
     builder.insert_header((header::CONTENT_TYPE, content_type.to_owned())).body(body)
 }
 
-/// The path under which this server is reachable from the browser: the path of `PUBLIC_URL`,
-/// else a trusted proxy's `X-Forwarded-Prefix`, else nothing. Only plain path characters are kept,
-/// since the value lands in HTML.
-fn base_path(req: &HttpRequest) -> String {
-    let config = state(req).ok().map(|st| st.config.clone());
-    let from_config = config.as_ref().and_then(|c| c.public_url.clone()).map(|url| {
-        let rest = url.split_once("://").map_or("", |(_, rest)| rest);
-        rest.find('/').map_or(String::new(), |i| rest[i..].to_owned())
-    });
-    let prefix = from_config.or_else(|| {
-        let trusted = config.as_ref().map_or(&[][..], |c| &c.trusted_proxies[..]);
-        forwarded_header(req, trusted, "x-forwarded-prefix").map(str::to_owned)
-    });
-    let prefix = prefix.unwrap_or_default();
-    let prefix = prefix.trim().trim_matches('/');
-    let safe = prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b));
-    if prefix.is_empty() || !safe || prefix.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
-        String::new()
-    } else {
-        format!("/{prefix}")
-    }
-}
-
 /// `GET /portal` and `GET /portal/` (the same route once the trailing slash is trimmed).
 pub async fn index(req: HttpRequest) -> HttpResponse {
     let html = INDEX_HTML.replace(BASE_MARKER, &format!("{}/portal/", base_path(&req)));
@@ -116,76 +93,9 @@ pub async fn file(req: HttpRequest) -> ApiResult<HttpResponse> {
     Ok(respond(&req, asset.content_type, &ETAGS[i], asset.body.to_vec()))
 }
 
-/// Whether an `Accept` header prefers HTML to JSON: the best quality given to `text/html` beats
-/// the one given to `application/json` (directly or through a wildcard), or ties and comes first.
-pub fn prefers_html(accept: &str) -> bool {
-    let mut html: Option<(f32, usize)> = None;
-    let mut json: Option<(f32, usize)> = None;
-    for (pos, item) in accept.split(',').enumerate() {
-        let mut parts = item.split(';');
-        let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
-        let q = parts
-            .filter_map(|p| p.trim().strip_prefix("q=").or_else(|| p.trim().strip_prefix("Q=")))
-            .find_map(|v| v.trim().parse::<f32>().ok())
-            .unwrap_or(1.0);
-        let better = |slot: &mut Option<(f32, usize)>| {
-            if slot.is_none_or(|(best, _)| q > best) {
-                *slot = Some((q, pos));
-            }
-        };
-        match media.as_str() {
-            "text/html" => better(&mut html),
-            "application/json" | "application/*" | "*/*" => better(&mut json),
-            _ => {}
-        }
-    }
-    match (html, json) {
-        (Some((hq, _)), _) if hq <= 0.0 => false,
-        (Some(_), None) => true,
-        (Some((hq, hpos)), Some((jq, jpos))) => hq > jq || (hq == jq && hpos < jpos),
-        (None, _) => false,
-    }
-}
-
-/// The 303 that `GET /` sends to browsers (docs/api.md §17.9).
-pub fn redirect_to_portal(req: &HttpRequest) -> Option<HttpResponse> {
-    let accept = req.headers().get(header::ACCEPT)?.to_str().ok()?;
-    prefers_html(accept).then(|| {
-        HttpResponse::SeeOther()
-            .insert_header((header::LOCATION, format!("{}/portal/", base_path(req))))
-            .insert_header((header::VARY, "Accept"))
-            .finish()
-    })
-}
-
 /// Root only: the portal is not part of the API prefixes.
 pub fn routes(cfg: &mut actix_web::web::ServiceConfig) {
     use crate::http::routing::{get, resource};
     cfg.service(resource("/portal", "GET, HEAD").route(get().to(index)))
         .service(resource("/portal/{file}", "GET, HEAD").route(get().to(file)));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefers_html;
-
-    #[test]
-    fn browsers_prefer_html() {
-        assert!(prefers_html("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"));
-        assert!(prefers_html(
-            "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,*/*;q=0.8"
-        ));
-        assert!(prefers_html("text/html"));
-        assert!(prefers_html("text/html, application/json"));
-    }
-
-    #[test]
-    fn api_clients_get_json() {
-        assert!(!prefers_html("*/*"));
-        assert!(!prefers_html("application/json"));
-        assert!(!prefers_html("application/json, text/html"));
-        assert!(!prefers_html("text/html;q=0.5, application/json"));
-        assert!(!prefers_html("text/html;q=0"));
-        assert!(!prefers_html(""));
-    }
 }

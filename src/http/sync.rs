@@ -5,9 +5,8 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse, HttpResponseBuilder};
 use serde_json::Value;
 
-use crate::actors::change_log::{reset_required, Push};
+use crate::actors::change_log::Push;
 use crate::config::RecordValidation;
-use crate::db::records;
 use crate::db::replicas::Target;
 use crate::domain::api_version::ApiVersion;
 use crate::domain::role::Role;
@@ -15,6 +14,9 @@ use crate::domain::sync::decode::{decode_pull, decode_pull_query, decode_push_bo
 use crate::domain::sync::push_body::{PushBody, Received};
 use crate::domain::sync::{encode, Dialect, PullRequest, PushRequest, Warning};
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
+use crate::http::common::{
+    client_generation, generation_sent, query_pairs, report_sync, X_REPOSITORY_GENERATION,
+};
 use crate::http::compress::{self, negotiated};
 use crate::http::context::{served_by, X_API_VERSION_USED};
 use crate::http::extract::{api_version, malformed_json, parse_push_body, state, Auth, BodyBytes, JsonBody};
@@ -22,58 +24,6 @@ use crate::http::pull_body::{self, PageStart, StartedBody};
 use crate::state::AppState;
 
 static X_IDEMPOTENT_REPLAY: HeaderName = HeaderName::from_static("x-idempotent-replay");
-pub static X_REPOSITORY_GENERATION: HeaderName = HeaderName::from_static("x-repository-generation");
-
-/// The repository generation a client holds (docs/api.md §17.2): the header, or when it is absent the
-/// body field. A header that is present but not an integer >= 1 counts as not sent.
-pub fn client_generation(req: &HttpRequest, body: &Value) -> Option<i64> {
-    generation_sent(req, body.get("repository_generation"))
-}
-
-/// [`client_generation`], given the body's `repository_generation` field.
-fn generation_sent(req: &HttpRequest, body_field: Option<&Value>) -> Option<i64> {
-    match req.headers().get(&X_REPOSITORY_GENERATION) {
-        Some(h) => h.to_str().ok().and_then(|v| v.trim().parse::<i64>().ok()).filter(|g| *g >= 1),
-        None => body_field.and_then(Value::as_i64).filter(|g| *g >= 1),
-    }
-}
-
-/// The server's repository generation, or 409 when the client holds another one (docs/api.md §17.2).
-pub async fn current_generation(
-    db: &impl deadpool_postgres::GenericClient,
-    req: &HttpRequest,
-    body: &Value,
-) -> ApiResult<i64> {
-    let server = records::head_and_generation(db).await?.repository_generation;
-    match client_generation(req, body) {
-        Some(g) if g != server => Err(reset_required(server)),
-        _ => Ok(server),
-    }
-}
-
-/// Reports a sighting of the device named in the body (with its data cursor for pull and push)
-/// to the Presence actor; never blocks.
-pub fn report_sync(
-    req: &HttpRequest,
-    st: &AppState,
-    username: &str,
-    body_client_id: &str,
-    cursor: Option<i64>,
-) {
-    let client_id = crate::http::extract::header_client_id(req).unwrap_or_else(|| body_client_id.to_string());
-    st.actors.presence.seen(crate::actors::presence::Seen {
-        username: username.to_string(),
-        client_id,
-        client_version: crate::http::extract::client_version_hint(req),
-        data_version: cursor,
-        app_bundle_version: None,
-    });
-}
-
-/// The query string as ordered pairs (repeated keys kept).
-pub fn query_pairs(req: &HttpRequest) -> Vec<(String, String)> {
-    form_urlencoded::parse(req.query_string().as_bytes()).into_owned().collect()
-}
 
 fn dialect_response(dialect: Dialect, body: Vec<u8>, generation: i64) -> HttpResponse {
     dialect_builder(dialect, generation).body(body)
@@ -211,7 +161,7 @@ async fn pull_page(
         .await?;
     let generation = served.value.head.repository_generation;
     if client_generation.is_some_and(|g| g != generation) {
-        return Err(reset_required(generation));
+        return Err(ApiError::reset_required(generation));
     }
     Ok((served.value, served.by))
 }

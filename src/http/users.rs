@@ -3,20 +3,19 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use uuid::Uuid;
 
-use crate::auth::AuthUser;
 use crate::db::presence;
-use crate::db::users::{self as db_users, UserRow, UserUpdate};
+use crate::db::users::{self as db_users, UserUpdate};
 use crate::domain::audit::Action;
 use crate::domain::role::Role;
 use crate::domain::scope::UserAttributes;
 use crate::domain::user as rules;
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::http::common::current_user;
 use crate::http::extract::{audit_origin, path_param, state, Auth, JsonBody};
 use crate::http::wire::users::{
     ChangePassword, CreateUser, ListedUser, Presence, ResetPassword, UpdateUser, User,
 };
 use crate::http::wire::{self, Message, Text};
-use crate::state::AppState;
 
 fn weak_password() -> ApiError {
     ApiError::of(ErrorCode::WeakPassword)
@@ -261,12 +260,6 @@ pub async fn change_password(
     db_users::set_password(&mut db, user.id, &hash, &entry).await?;
     st.auth.forget_cached_checks();
     Ok(HttpResponse::Ok().json(Message { message: "Password changed successfully" }))
-}
-
-/// The caller's own row; a token can outlive its user by at most the revocation cache TTL.
-pub async fn current_user(st: &AppState, caller: &AuthUser) -> ApiResult<UserRow> {
-    let db = st.pool.get().await?;
-    db_users::find_by_id(&db, caller.id).await?.ok_or_else(|| ApiError::of(ErrorCode::InvalidToken))
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

@@ -659,3 +659,48 @@ fn cited_benchmark_sections_exist() {
     assert!(checked >= 20, "only {checked} citations found: has the citation form changed?");
     assert!(missing.is_empty(), "cited benchmark sections that are not headings: {missing:#?}");
 }
+
+/// Handler modules (the files of `src/http/` that register routes) never import one another:
+/// what two of them share lives in a shared module (`common`, `extract`, `wire`, …), so a handler
+/// can change without reaching into its neighbours. The OpenAPI document is the one exception: it
+/// lists every handler's route annotations.
+#[test]
+fn handler_modules_do_not_import_each_other() {
+    let http = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http");
+    let mut handlers = Vec::new();
+    for entry in std::fs::read_dir(&http).expect("src/http").flatten() {
+        let path = entry.path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.contains("pub fn routes(") {
+            let name = path.file_stem().and_then(|s| s.to_str()).expect("file name").to_string();
+            handlers.push((name, text));
+        }
+    }
+    assert!(handlers.len() >= 10, "handler modules not found: {}", handlers.len());
+    let names: Vec<String> = handlers.iter().map(|(n, _)| n.clone()).collect();
+    let mut found = Vec::new();
+    for (name, text) in handlers.iter().filter(|(n, _)| n != "openapi") {
+        for other in names.iter().filter(|o| *o != name) {
+            for form in [
+                format!("crate::http::{other}::"),
+                format!("crate::http::{other};"),
+                format!("super::{other}::"),
+            ] {
+                if text.contains(&form) {
+                    found.push(format!("src/http/{name}.rs uses {form}"));
+                }
+            }
+            let braced = text.split("crate::http::{").skip(1).filter_map(|rest| rest.split('}').next());
+            if braced
+                .flat_map(|list| list.split(','))
+                .any(|item| item.trim().split("::").next() == Some(other))
+            {
+                found.push(format!("src/http/{name}.rs imports {other}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "handler modules importing each other (move the shared part to common.rs): {found:#?}"
+    );
+}
