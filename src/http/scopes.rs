@@ -9,8 +9,8 @@ use crate::domain::role::Role;
 use crate::domain::scope::{ScopeRules, UserAttributes, UserFacts, Visibility};
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult};
+use crate::http::common::query_pairs;
 use crate::http::extract::{audit_origin, state, Auth, JsonBody};
-use crate::http::sync::query_pairs;
 use crate::http::wire::scopes::{ScopeChange, ScopePreview, ScopeSet, ScopeStatus, SetPreview};
 
 /// The scope set in force
