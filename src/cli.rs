@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::config::{Config, ConfigError};
 use crate::domain::audit::{Action, Origin};
 use crate::domain::role::Role;
-use crate::startup::{connect_and_migrate, Application, EmbeddedHandle};
+use crate::startup::{with_migrated_database, Application};
 
 /// `synkronus --version`: the release and the commit it was built from, as `GET /version` reports.
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SYNKRONUS_GIT_COMMIT"), ")");
@@ -141,17 +141,13 @@ async fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
         Command::Serve => Application::build(config).await?.run_until_stopped().await,
         Command::Migrate => {
-            let (_pool, embedded) = connect_and_migrate(&config).await?;
-            stop_if_started_here(embedded).await?;
+            with_migrated_database(&config, async |_| Ok(())).await?;
             println!("migrations applied");
             Ok(())
         }
         Command::Stats(StatsCommand::Recount) => {
-            let (pool, embedded) = connect_and_migrate(&config).await?;
-            let result = recount(&pool).await;
-            drop(pool);
-            stop_if_started_here(embedded).await?;
-            println!("counted {} observations", result?);
+            let counted = with_migrated_database(&config, async |pool| recount(pool).await).await?;
+            println!("counted {counted} observations");
             Ok(())
         }
         Command::Backup { output: Some(output), .. } => crate::backup::create::run(&config, &output).await,
@@ -159,11 +155,7 @@ async fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Import(ImportCommand::GoSynkronus(args)) => crate::import::run(&config, args).await,
         Command::Storage(cmd) => crate::storage::ops::run(&config, cmd).await,
         Command::User(cmd) => {
-            let (pool, embedded) = connect_and_migrate(&config).await?;
-            let result = user_command(cmd, &config, &pool).await;
-            drop(pool);
-            stop_if_started_here(embedded).await?;
-            result
+            with_migrated_database(&config, async |pool| user_command(cmd, &config, pool).await).await
         }
         // Run before the configuration is read.
         Command::Healthcheck | Command::Backup { output: None, .. } => Ok(()),
@@ -199,13 +191,6 @@ async fn healthcheck() -> i32 {
             1
         }
     }
-}
-
-pub(crate) async fn stop_if_started_here(embedded: Option<EmbeddedHandle>) -> anyhow::Result<()> {
-    if let Some(handle) = embedded.filter(|h| h.started_here) {
-        tokio::task::spawn_blocking(move || handle.cluster.stop()).await??;
-    }
-    Ok(())
 }
 
 /// Under the change-log lock, so that no commit runs between the count and its storing.

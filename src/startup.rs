@@ -10,14 +10,14 @@ use actix_web::dev::Server;
 use actix_web::middleware::{from_fn, NormalizePath, TrailingSlash};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretSlice};
 
 use crate::auth::rate_limit::LoginLimiter;
 use crate::auth::AuthService;
 use crate::clock::Clock;
 use crate::config::{Config, DatabaseConfig};
 use crate::db;
-use crate::db::embedded::EmbeddedPostgres;
+use crate::db::embedded::{EmbeddedPostgres, StartedCluster};
 use crate::db::supervision::Supervisor;
 use crate::domain::audit::{Action, Origin};
 use crate::domain::role::Role;
@@ -56,12 +56,6 @@ fn metrics_server(config: &Config, port: u16, state: web::Data<AppState>) -> any
     Ok((server, port))
 }
 
-/// The embedded cluster in use, and whether this process started it (and so should stop it).
-pub struct EmbeddedHandle {
-    pub cluster: EmbeddedPostgres,
-    pub started_here: bool,
-}
-
 /// The embedded cluster of this configuration (not started), or the `DB_CONNECTION` string.
 fn database_target(config: &Config) -> anyhow::Result<Result<EmbeddedPostgres, String>> {
     match &config.database {
@@ -75,18 +69,40 @@ fn database_target(config: &Config) -> anyhow::Result<Result<EmbeddedPostgres, S
     }
 }
 
-/// For one-off commands: starts the embedded cluster (if configured and not running already)
-/// and returns a connection string for the database.
-pub async fn database_connection(config: &Config) -> anyhow::Result<(String, Option<EmbeddedHandle>)> {
-    match database_target(config)? {
-        Err(conn) => Ok((conn, None)),
+/// Runs a one-off command on the configured database, given its connection string: the embedded
+/// cluster is started first if it is not running, and stopped afterwards if this call started it,
+/// whether `command` succeeded, failed or panicked.
+pub async fn with_database<T>(
+    config: &Config,
+    command: impl AsyncFnOnce(&str) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let (conn, started) = match database_target(config)? {
+        Err(conn) => (conn, StartedCluster::none()),
         Ok(pg) => {
-            let starter = pg.clone();
-            let started_here = tokio::task::spawn_blocking(move || starter.start()).await??;
+            let started = pg.start_for_command().await?;
+            // `started` stops the cluster if this fails.
             pg.ensure_database(EMBEDDED_DB_NAME).await?;
-            Ok((pg.connection_string(EMBEDDED_DB_NAME), Some(EmbeddedHandle { cluster: pg, started_here })))
+            (pg.connection_string(EMBEDDED_DB_NAME), started)
         }
-    }
+    };
+    let result = command(&conn).await;
+    let stopped = started.stop().await;
+    let value = result?;
+    stopped?;
+    Ok(value)
+}
+
+/// [`with_database`] for commands that work on the current schema: connected (with retries) and
+/// migrated first.
+pub async fn with_migrated_database<T>(
+    config: &Config,
+    command: impl AsyncFnOnce(&deadpool_postgres::Pool) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    with_database(config, async |conn: &str| {
+        let pool = connect_migrate(config, conn).await?;
+        command(&pool).await
+    })
+    .await
 }
 
 /// For the server: the embedded cluster is started (or adopted) and supervised.
@@ -95,19 +111,28 @@ async fn server_database_connection(config: &Config) -> anyhow::Result<(String, 
         Err(conn) => Ok((conn, None)),
         Ok(pg) => {
             let supervisor = Supervisor::start(pg.clone()).await?;
-            pg.ensure_database(EMBEDDED_DB_NAME).await?;
-            Ok((pg.connection_string(EMBEDDED_DB_NAME), Some(supervisor)))
+            match pg.ensure_database(EMBEDDED_DB_NAME).await {
+                Ok(()) => Ok((pg.connection_string(EMBEDDED_DB_NAME), Some(supervisor))),
+                Err(error) => {
+                    stop_after_failed_start(Some(supervisor)).await;
+                    Err(error)
+                }
+            }
         }
     }
 }
 
-/// Connects (with retries) and applies migrations: what one-off commands need.
-pub async fn connect_and_migrate(
-    config: &Config,
-) -> anyhow::Result<(deadpool_postgres::Pool, Option<EmbeddedHandle>)> {
-    let (conn, embedded) = database_connection(config).await?;
-    let pool = connect_migrate(config, &conn).await?;
-    Ok((pool, embedded))
+/// A server that cannot start stops the cluster it supervises before it exits, as it does when
+/// it stops: nobody else would.
+async fn stop_after_failed_start(embedded: Option<Supervisor>) {
+    if let Some(supervisor) = embedded {
+        if let Err(error) = supervisor.shutdown().await {
+            tracing::error!(
+                error = format!("{error:#}"),
+                "the embedded PostgreSQL cluster could not be stopped"
+            );
+        }
+    }
 }
 
 async fn connect_migrate(config: &Config, conn: &str) -> anyhow::Result<deadpool_postgres::Pool> {
@@ -124,10 +149,20 @@ impl Application {
         let (key, key_source) = config.signing_key()?;
         key_source.log();
         let (conn, embedded) = server_database_connection(&config).await?;
-        let pool = connect_migrate(&config, &conn).await?;
+        match Self::build_on(config, &key, &conn).await {
+            Ok(app) => Ok(Application { embedded, ..app }),
+            Err(error) => {
+                stop_after_failed_start(embedded).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Everything after the database is up: migrations, bootstrap, actors, listeners.
+    async fn build_on(config: Arc<Config>, key: &SecretSlice<u8>, conn: &str) -> anyhow::Result<Self> {
+        let pool = connect_migrate(&config, conn).await?;
         let clock = Clock::default();
         let auth = Arc::new(AuthService::from_config(&config, key.expose_secret(), clock.clone())?);
-        drop(key);
         bootstrap_admin(&config, &pool, &auth, &config.node_id).await?;
         check_data_root(&config)?;
         let storage = Arc::new(crate::storage::Storage::open(&config.storage())?);
@@ -142,7 +177,7 @@ impl Application {
             config.replica_max_wait,
             config.replica_max_lag,
         )?;
-        let actors = crate::actors::start(&config, &pool, &conn, &reads, &clock, &storage).await?;
+        let actors = crate::actors::start(&config, &pool, conn, &reads, &clock, &storage).await?;
         let login_limiter = Arc::new(LoginLimiter::new(config.rate_limit_login_per_min, pool.clone()));
         login_limiter.spawn_sweeper();
         crate::memory::spawn_purge_tick();
@@ -195,7 +230,7 @@ impl Application {
             Some(metrics_port) => Some(metrics_server(&config, metrics_port, web::Data::new(state.clone()))?),
             None => None,
         };
-        Ok(Application { port, server, embedded, state, metrics })
+        Ok(Application { port, server, embedded: None, state, metrics })
     }
 
     pub fn port(&self) -> u16 {

@@ -32,16 +32,13 @@ type Archive = ZipWriter<BufWriter<File>>;
 /// Writes the archive to `output` (through `output.partial`, renamed once complete and sealed,
 /// so an interrupted backup never leaves a file that looks like one).
 pub async fn run(config: &Config, output: &Path) -> anyhow::Result<()> {
-    let (conn, embedded) = crate::startup::database_connection(config).await?;
-    let result = async {
-        let pool = db::create_pool(&conn, 1)?;
+    let manifest = crate::startup::with_database(config, async |conn| {
+        let pool = db::create_pool(conn, 1)?;
         db::wait_until_reachable(&pool).await?;
         let mut client = pool.get().await?;
         write(config, &mut client, output).await
-    }
-    .await;
-    crate::cli::stop_if_started_here(embedded).await?;
-    let manifest = result?;
+    })
+    .await?;
     println!(
         "backup written to {}: schema version {}, change head {}, {} rows in {} tables, {} files ({} bytes), taken at {}",
         output.display(),

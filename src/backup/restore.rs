@@ -32,10 +32,10 @@ pub async fn run(config: &Config, input: &Path, force: bool) -> anyhow::Result<(
     let owned = input.to_path_buf();
     let manifest = tokio::task::spawn_blocking(move || verify(&owned)).await?.map_err(anyhow::Error::msg)?;
     check_schema_known(&manifest)?;
-    let (conn, embedded) = crate::startup::database_connection(config).await?;
-    let result = restore(config, &conn, input, &manifest, force).await;
-    crate::cli::stop_if_started_here(embedded).await?;
-    let generation = result?;
+    let generation = crate::startup::with_database(config, async |conn| {
+        restore(config, conn, input, &manifest, force).await
+    })
+    .await?;
     println!(
         "restored {} (taken at {}, schema version {}): {} rows in {} tables, {} files; repository generation \
          raised to {generation}, so devices that synced after the backup reset",

@@ -114,6 +114,14 @@ impl EmbeddedPostgres {
         Ok(true)
     }
 
+    /// For a one-off command: starts the cluster unless it runs already (a server owns it then),
+    /// and returns the guard that stops it when this process started it.
+    pub async fn start_for_command(&self) -> anyhow::Result<StartedCluster> {
+        let starter = self.clone();
+        let started_here = tokio::task::spawn_blocking(move || starter.start()).await??;
+        Ok(StartedCluster { cluster: started_here.then(|| self.clone()) })
+    }
+
     /// Fast shutdown: open transactions roll back, committed data is safe.
     pub fn stop(&self) -> anyhow::Result<()> {
         if !self.is_running() {
@@ -250,6 +258,39 @@ impl EmbeddedPostgres {
         }
         cmd.env_remove("PGDATA").env_remove("PGHOST").env_remove("PGPORT");
         cmd.output().with_context(|| format!("cannot run {:?}", cmd.get_program()))
+    }
+}
+
+/// The embedded cluster as a one-off command holds it: stopped by [`StartedCluster::stop`] when
+/// the command is done, or, on a path that never gets there (an early error return, a panic, a
+/// cancelled future), when dropped. Holds nothing when the cluster was running already.
+#[must_use = "the cluster is stopped when the guard is dropped"]
+pub struct StartedCluster {
+    cluster: Option<EmbeddedPostgres>,
+}
+
+impl StartedCluster {
+    /// Nothing to stop: the database is not one this process started.
+    pub fn none() -> Self {
+        StartedCluster { cluster: None }
+    }
+
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        match self.cluster.take() {
+            Some(cluster) => tokio::task::spawn_blocking(move || cluster.stop()).await?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for StartedCluster {
+    fn drop(&mut self) {
+        // Blocking, on whatever thread drops it: only a command that is ending gets here.
+        if let Some(cluster) = self.cluster.take() {
+            if let Err(error) = cluster.stop() {
+                eprintln!("synkronus: the embedded database could not be stopped: {error:#}");
+            }
+        }
     }
 }
 

@@ -42,19 +42,16 @@ pub struct GoSynkronusArgs {
 
 /// Runs the import into the configured target (the embedded cluster or `DB_CONNECTION`).
 pub async fn run(config: &Config, args: GoSynkronusArgs) -> anyhow::Result<()> {
-    let (conn, embedded) = crate::startup::database_connection(config).await?;
-    let result = async {
-        let pool = db::create_pool(&conn, 2)?;
+    crate::startup::with_database(config, async |conn| {
+        let pool = db::create_pool(conn, 2)?;
         db::wait_until_reachable(&pool).await?;
         // A dry run writes nothing, not even the schema.
         if !args.dry_run {
             db::migrate(&pool).await.context("migrations failed")?;
         }
         import(config, &pool, &args).await
-    }
-    .await;
-    crate::cli::stop_if_started_here(embedded).await?;
-    result
+    })
+    .await
 }
 
 async fn import(

@@ -38,19 +38,15 @@ pub async fn run(config: &Config, command: StorageCommand) -> anyhow::Result<()>
             Ok(())
         }
         StorageCommand::Gc => {
-            let (pool, embedded) = crate::startup::connect_and_migrate(config).await?;
             let storage = Storage::open(&config.storage())?;
-            let result = async {
-                let candidates = sweep::attachment_candidates(&storage.attachments, &pool).await?;
+            let (attachments, bundles) = crate::startup::with_migrated_database(config, async |pool| {
+                let candidates = sweep::attachment_candidates(&storage.attachments, pool).await?;
                 let attachments =
-                    sweep::remove_attachment_orphans(&storage.attachments, &pool, candidates).await?;
-                let bundles = sweep::sweep_bundles(&storage.bundles, &pool).await?;
+                    sweep::remove_attachment_orphans(&storage.attachments, pool, candidates).await?;
+                let bundles = sweep::sweep_bundles(&storage.bundles, pool).await?;
                 anyhow::Ok((attachments, bundles))
-            }
-            .await;
-            drop(pool);
-            crate::cli::stop_if_started_here(embedded).await?;
-            let (attachments, bundles) = result?;
+            })
+            .await?;
             println!("removed {attachments} attachment files and {bundles} bundle files without a row");
             Ok(())
         }

@@ -303,3 +303,45 @@ async fn version_names_the_release_and_the_commit() {
         assert!(!r.stdout.is_empty(), "{args:?}");
     }
 }
+
+/// docs/operations.md, "Going back to an older binary", on the embedded database: a one-off
+/// command whose migration fails (the database knows a newer migration) stops the cluster it
+/// started, as it does when it succeeds.
+#[actix_web::test]
+async fn a_one_off_command_stops_the_embedded_cluster_it_started_when_it_fails() {
+    let root = EmbeddedDataRoot::new("synk-oneoff");
+    let data_root = root.dir.display().to_string();
+    // No DB_CONNECTION: the embedded cluster under DATA_ROOT.
+    let env = [("DATA_ROOT", data_root.as_str())];
+    let r = run(&["migrate"], &env).await;
+    assert_ok(&r);
+    assert_eq!(root.pg.postmaster_pid(), None, "a successful migrate stops its cluster");
+
+    assert!(root.pg.start().expect("start the cluster"), "it was stopped");
+    crate::helpers::connect(&root.pg.connection_string("synkronus"))
+        .await
+        .batch_execute(
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES (9999, 'future', '2030-01-01T00:00:00Z', '0')",
+        )
+        .await
+        .expect("a newer release's migration");
+    root.pg.stop().expect("stop the cluster");
+
+    for args in [
+        &["migrate"][..],
+        &["user", "create", "--username", "late", "--password", "password-123"][..],
+        &["stats", "recount"][..],
+        &["storage", "gc"][..],
+        &["serve"][..],
+    ] {
+        let r = run(args, &env).await;
+        assert_failed(&r, "migration V9999__future is missing");
+        assert_eq!(
+            root.pg.postmaster_pid(),
+            None,
+            "{args:?} left the embedded cluster running: {}",
+            r.stderr
+        );
+    }
+}
