@@ -5,7 +5,8 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 TEST_PG_DIR ?= /tmp/synkronus-test-pg
 
-.PHONY: run cluster nginx-dep test deps test-deps build release stop-test-cluster portal-test api-fuzz deny
+.PHONY: run cluster nginx-dep test deps test-deps build release stop-test-cluster portal-test api-fuzz deny \
+	image-deps image image-test deb dist
 
 ## Installs PostgreSQL when it is missing: the server runs a private cluster with its binaries.
 deps:
@@ -67,6 +68,39 @@ test: test-deps
 	$(CARGO) test --workspace -- --test-threads=4; status=$$?; $(MAKE) --no-print-directory stop-test-cluster; \
 	portal-tests/run.sh $(TARGET_DIR)/debug/synkronus || status=1; \
 	scripts/schemathesis.sh $(TARGET_DIR)/debug/synkronus || status=1; exit $$status
+
+## What the package tests need (docs/deploy.md, "Packages"): a container engine (podman and its
+## networking from Debian where no docker daemon answers), mmdebstrap (base images made locally),
+## podman-compose, dpkg-dev and cargo-deb (the .deb), kubernetes-validate (the Kubernetes schemas).
+IMAGE_APT_PACKAGES := mmdebstrap dpkg-dev
+PODMAN_APT_PACKAGES := podman runc netavark aardvark-dns iptables podman-compose
+image-deps:
+	@pkgs="$(IMAGE_APT_PACKAGES)"; \
+	if ! (command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1); then pkgs="$$pkgs $(PODMAN_APT_PACKAGES)"; fi; \
+	missing=$$(for p in $$pkgs; do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing (apt-get)"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+	@command -v cargo-deb >/dev/null 2>&1 || $(CARGO) install cargo-deb --version 3.6.4 --locked
+	@command -v kubernetes-validate >/dev/null 2>&1 || python3 -m pip install --quiet 'kubernetes-validate==1.37.0'
+
+## The container image from the Dockerfile, tagged synkronus:<version> and synkronus:latest (base
+## images made locally where no registry serves them: scripts/images/base-images.sh).
+image: image-deps
+	scripts/images/build.sh
+
+## Every package end to end: the image, the compose files, the .deb, the archive, Kubernetes.
+image-test: image-deps
+	tests/packaging/run-all.sh
+
+## dist/synkronus_<version>-1_<arch>.deb (cargo-deb). BINARY=path packages that binary instead.
+deb: image-deps $(if $(BINARY),,release)
+	scripts/package/deb.sh $(or $(BINARY),$(TARGET_DIR)/release/synkronus)
+
+## dist/synkronus-<version>-<arch>-linux.tar.gz and its .sha256. BINARY=path as for deb.
+dist: $(if $(BINARY),,release)
+	scripts/package/dist.sh $(or $(BINARY),$(TARGET_DIR)/release/synkronus)
 
 ## Browser tests of the portal: builds the server, runs it on a temporary embedded database and a
 ## free port, drives it with headless Chromium (portal-tests/), then stops it. Screenshots land in

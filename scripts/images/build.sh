@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds the container image from the root Dockerfile (`make image`), tagged IMAGE (default
+# synkronus:<version>) and synkronus:latest, with the OCI labels filled in: the version of
+# Cargo.toml, the commit, and the source (the git remote's URL when there is one). Makes the base
+# images first where no registry serves them (base-images.sh).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=engine.sh
+source scripts/images/engine.sh
+
+VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+IMAGE=${IMAGE:-synkronus:$VERSION}
+REVISION=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+SOURCE=$(git remote get-url origin 2>/dev/null | grep -E '^(https://|git@)' || true)
+
+scripts/images/base-images.sh
+echo "image: building $IMAGE (commit $REVISION)"
+engine_build -t "$IMAGE" -t synkronus:latest \
+	--build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" --build-arg SOURCE="$SOURCE" .
+engine image inspect --format '{{.Size}}' "$IMAGE" | awk -v i="$IMAGE" '{printf "image: %s is %.0f MB\n", i, $1/1e6}'
