@@ -40,15 +40,17 @@ pub struct NoAnswer {
 }
 
 /// Sends `msg` to `addr` and waits for the answer. The one place a mailbox failure becomes an
-/// error: a 500, with the actor's name and the mailbox error kept as the cause.
-async fn ask<A, M, T>(addr: &Addr<A>, actor: &'static str, msg: M) -> ApiResult<T>
+/// error: a 500, with the actor's name and the mailbox error kept as the cause; and where an
+/// actor's own error (`CommitError`, ...) becomes an HTTP error.
+async fn ask<A, M, T, E>(addr: &Addr<A>, actor: &'static str, msg: M) -> ApiResult<T>
 where
     A: Actor + Handler<M>,
     A::Context: ToEnvelope<A, M>,
-    M: Message<Result = ApiResult<T>> + Send + 'static,
+    M: Message<Result = Result<T, E>> + Send + 'static,
     T: Send + 'static,
+    E: Into<ApiError> + Send + 'static,
 {
-    addr.send(msg).await.map_err(|source| ApiError::internal(NoAnswer { actor, source }))?
+    addr.send(msg).await.map_err(|source| ApiError::internal(NoAnswer { actor, source }))?.map_err(Into::into)
 }
 
 /// Starts every actor; called once by the app factory. `conn` is the database connection
@@ -64,8 +66,7 @@ pub async fn start(
     // The change log has connections of its own: its group commits send statements of many
     // megabytes, and a connection keeps buffers as large as the largest message it carried, so
     // sharing the request pool would leave every pooled connection holding that much memory.
-    let change_log =
-        change_log::ChangeLogHandle(change_log::ChangeLog::new(crate::db::create_pool(conn, 2)?).start());
+    let change_log = change_log::ChangeLogHandle::start(crate::db::create_pool(conn, 2)?);
     let presence = presence::PresenceHandle(presence::Presence::new(pool.clone(), clock.clone()).start());
     let bundles =
         bundle_store::BundleStoreHandle(bundle_store::BundleStore::start(config, pool, conn, storage).await?);

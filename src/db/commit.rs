@@ -15,9 +15,9 @@ use tokio_postgres::types::{Json, ToSql, Type};
 
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 
-use super::records::{self, raw_json, Head};
+use super::records::{self, raw_json};
 use crate::db::{stats, DbResult};
-use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission};
+use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission, Unreadable};
 use crate::monitoring::CommitPhases;
 
 const STATES_SQL: &str = "SELECT id, change_id, created_at, created_by, CASE WHEN id = ANY($2) THEN data END
@@ -49,9 +49,19 @@ pub fn keyed_statements() -> [&'static str; 5] {
 
 type Param<'a> = dyn ToSql + Sync + 'a;
 
+/// What a group commit plans from, read under the change-log lock: the head and the repository
+/// generation. A group written ahead plans from the base its predecessor will commit, and commits
+/// only if it reads that same base once it holds the lock (see [`try_lock_at`]): so everything
+/// else another commit could change under a plan must move the base too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Base {
+    pub head: i64,
+    pub repository_generation: i64,
+}
+
 /// What a group commit reads under the change-log lock before it plans.
 pub struct PlanInputs {
-    pub head: Head,
+    pub base: Base,
     /// The stored results of the transmissions the batch names, for replay or mismatch detection.
     pub transmissions: Vec<StoredTransmission>,
     /// The stored state of the records asked for (see `plan::records_to_read`).
@@ -88,9 +98,9 @@ pub async fn lock_and_read(
         tx.query(&states, wanted),
     )?;
     Ok(PlanInputs {
-        head: Head { change_id: head.get(0), repository_generation: head.get(1) },
-        transmissions: stored_transmissions(&transmissions),
-        states: current_states(&states),
+        base: base_of(&head)?,
+        transmissions: stored_transmissions(&transmissions)?,
+        states: current_states(&states)?,
     })
 }
 
@@ -118,43 +128,48 @@ pub async fn read_ahead(
         tx.query(&transmissions, keys),
         tx.query(&states, wanted),
     )?;
-    Ok((stored_transmissions(&transmissions), current_states(&states)))
+    Ok((stored_transmissions(&transmissions)?, current_states(&states)?))
 }
 
-fn stored_transmissions(rows: &[tokio_postgres::Row]) -> Vec<StoredTransmission> {
+fn base_of(row: &tokio_postgres::Row) -> DbResult<Base> {
+    Ok(Base { head: row.try_get(0)?, repository_generation: row.try_get(1)? })
+}
+
+/// The stored results as read back; one that does not read as a push result stays in the list,
+/// as unreadable, so that its retry fails instead of being planned as a new push.
+fn stored_transmissions(rows: &[tokio_postgres::Row]) -> DbResult<Vec<StoredTransmission>> {
     rows.iter()
-        .filter_map(|r| {
-            let result: Value = r.get(3);
-            Some(StoredTransmission {
-                client_id: r.get(0),
-                transmission_id: r.get(1),
-                fingerprint: r.get(2),
-                result: serde_json::from_value(result).ok()?,
+        .map(|r| {
+            let result: Value = r.try_get(3)?;
+            Ok(StoredTransmission {
+                client_id: r.try_get(0)?,
+                transmission_id: r.try_get(1)?,
+                fingerprint: r.try_get(2)?,
+                result: serde_json::from_value(result).map_err(|e| Unreadable(e.to_string())),
             })
         })
         .collect()
 }
 
-fn current_states(rows: &[tokio_postgres::Row]) -> HashMap<String, CurrentState> {
+fn current_states(rows: &[tokio_postgres::Row]) -> DbResult<HashMap<String, CurrentState>> {
     rows.iter()
         .map(|r| {
-            (
-                r.get::<_, String>(0),
-                CurrentState {
-                    change_id: r.get(1),
-                    created_at: r.get(2),
-                    created_by: r.get(3),
-                    data: r.get::<_, Option<String>>(4).map(raw_json),
-                },
-            )
+            let state = CurrentState {
+                change_id: r.try_get(1)?,
+                created_at: r.try_get(2)?,
+                created_by: r.try_get(3)?,
+                data: r.try_get::<_, Option<String>>(4)?.map(raw_json),
+            };
+            Ok((r.try_get::<_, String>(0)?, state))
         })
         .collect()
 }
 
-/// Takes the change-log lock if it is free, then reads the head, in one round trip (two
-/// statements, so that the head is read in a snapshot taken after the lock). True when the lock is
-/// held and the head is `expected`: nothing was committed since the commit this one wrote ahead of.
-pub async fn try_lock_at(tx: &Transaction<'_>, expected: Head) -> DbResult<bool> {
+/// Takes the change-log lock if it is free, then reads the base, in one round trip (two
+/// statements, so that the base is read in a snapshot taken after the lock). True when the lock
+/// is held and the base is `expected`: nothing was committed since the commit this one wrote ahead
+/// of.
+pub async fn try_lock_at(tx: &Transaction<'_>, expected: Base) -> DbResult<bool> {
     let (try_lock, head) = futures_util::try_join!(
         tx.prepare_cached(records::TRY_LOCK_SQL),
         tx.prepare_cached(records::HEAD_SQL)
@@ -162,9 +177,7 @@ pub async fn try_lock_at(tx: &Transaction<'_>, expected: Head) -> DbResult<bool>
     let lock_params: &[&Param<'_>] = &[&records::CHANGELOG_LOCK];
     let (locked, head) =
         futures_util::try_join!(tx.query_one(&try_lock, lock_params), tx.query_one(&head, &[]))?;
-    Ok(locked.get::<_, bool>(0)
-        && head.get::<_, i64>(0) == expected.change_id
-        && head.get::<_, i64>(1) == expected.repository_generation)
+    Ok(locked.try_get::<_, bool>(0)? && base_of(&head)? == expected)
 }
 
 /// The writes of a plan made ahead of the lock, for a batch of new records only: revisions, the

@@ -12,7 +12,8 @@
 //!   the stored state or an earlier revision of the same batch (which is then superseded), and a
 //!   record keeps its owner and creation time;
 //! - retries are idempotent: a transmission already stored replays its result, a second copy in
-//!   the same batch replays the first's, and another payload under the same id is a mismatch.
+//!   the same batch replays the first's, and another payload under the same id is a mismatch; a
+//!   stored result that cannot be read fails that push alone, and is never planned over.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -49,8 +50,14 @@ pub struct StoredTransmission {
     pub client_id: String,
     pub transmission_id: String,
     pub fingerprint: Vec<u8>,
-    pub result: PushResult,
+    /// What was stored, as read back: a result this server cannot read (damaged, or stored in a
+    /// shape it does not know) cannot be replayed, and the push must not be applied again.
+    pub result: Result<PushResult, Unreadable>,
 }
+
+/// Why a stored push result cannot be read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unreadable(pub String);
 
 /// What the commit needs to know about a record that already exists.
 #[derive(Debug, Clone)]
@@ -67,6 +74,8 @@ pub struct CurrentState {
 pub enum Decision {
     Apply,
     Replay(PushResult),
+    /// A retry of a stored transmission whose result cannot be read.
+    Unreadable(Unreadable),
     /// A duplicate of an earlier push in the same batch: it replays that push's result.
     SameAs(usize),
     Mismatch,
@@ -101,7 +110,10 @@ pub fn decide(
         };
         let decision = if let Some(s) = stored.get(&(push.client_id.clone(), tid.clone())) {
             if s.fingerprint == push.fingerprint {
-                Decision::Replay(s.result.clone())
+                match &s.result {
+                    Ok(result) => Decision::Replay(result.clone()),
+                    Err(unreadable) => Decision::Unreadable(unreadable.clone()),
+                }
             } else {
                 Decision::Mismatch
             }
@@ -301,6 +313,7 @@ impl<'a> Plan<'a> {
                 Decision::Apply => self.results[i].clone().map_or(Outcome::Lost, Outcome::Applied),
                 Decision::SameAs(j) => self.results[j].clone().map_or(Outcome::Lost, Outcome::Replayed),
                 Decision::Replay(result) => Outcome::Replayed(result),
+                Decision::Unreadable(unreadable) => Outcome::Unreadable(unreadable),
                 Decision::Mismatch => Outcome::Mismatch,
                 Decision::ResetRequired => Outcome::ResetRequired(self.repository_generation),
             })
@@ -318,6 +331,8 @@ pub enum Outcome {
     Mismatch,
     /// The client must reset: the server holds this generation.
     ResetRequired(i64),
+    /// The stored result of its transmission cannot be read: nothing is replayed or stored.
+    Unreadable(Unreadable),
     /// A result the plan should have and does not: never expected, answered as an internal error.
     Lost,
 }

@@ -164,7 +164,7 @@ fn stored_and_same_batch_transmissions_replay_and_other_payloads_mismatch() {
         client_id: "phone".into(),
         transmission_id: "t0".into(),
         fingerprint: old.fingerprint.clone(),
-        result: stored_result.clone(),
+        result: Ok(stored_result.clone()),
     }];
     let pushes = [&first, &again, &other, &old, &old_changed];
     let decisions = decide(&pushes, stored, 1);
@@ -192,6 +192,28 @@ fn stored_and_same_batch_transmissions_replay_and_other_payloads_mismatch() {
             Outcome::Mismatch
         ]
     );
+}
+
+#[test]
+fn a_stored_result_that_cannot_be_read_fails_its_retry_and_plans_nothing_for_it() {
+    let retry = push(Some("t0"), &["c"]);
+    let changed = push(Some("t0"), &["d"]);
+    let new = push(Some("t1"), &["e"]);
+    let unreadable = Unreadable("missing field `items`".into());
+    let stored = vec![StoredTransmission {
+        client_id: "phone".into(),
+        transmission_id: "t0".into(),
+        fingerprint: retry.fingerprint.clone(),
+        result: Err(unreadable.clone()),
+    }];
+    let pushes = [&retry, &changed, &new];
+    let decisions = decide(&pushes, stored, 1);
+    assert_eq!(decisions, [Decision::Unreadable(unreadable.clone()), Decision::Mismatch, Decision::Apply]);
+    let states = HashMap::new();
+    let plan = plan(&pushes, &decisions, &states, 10, 1, now());
+    assert_eq!(plan.head, 11, "the rest of the batch lands");
+    assert_eq!(plan.transmissions(&pushes).count(), 1, "the unreadable result is not stored again");
+    assert_eq!(plan.outcomes(decisions)[..2], [Outcome::Unreadable(unreadable), Outcome::Mismatch]);
 }
 
 #[test]
@@ -272,7 +294,12 @@ fn arb_batch() -> impl Strategy<Value = Batch> {
         proptest::collection::vec(arb_push(), 0..8),
         proptest::collection::btree_map(prop::sample::select(vec!["a", "b", "c"]), 1i64..=10, 0..3),
         proptest::collection::vec(
-            (prop::sample::select(vec!["c1", "c2"]), prop::sample::select(vec!["t1", "t2"]), 0u8..2),
+            (
+                prop::sample::select(vec!["c1", "c2"]),
+                prop::sample::select(vec!["t1", "t2"]),
+                0u8..2,
+                prop::bool::weighted(0.2),
+            ),
             0..3,
         ),
     )
@@ -292,12 +319,16 @@ fn arb_batch() -> impl Strategy<Value = Batch> {
             let mut seen = HashSet::new();
             let transmissions = transmissions
                 .into_iter()
-                .filter(|(c, t, _)| seen.insert((*c, *t)))
-                .map(|(c, t, print)| StoredTransmission {
+                .filter(|(c, t, _, _)| seen.insert((*c, *t)))
+                .map(|(c, t, print, unreadable)| StoredTransmission {
                     client_id: c.into(),
                     transmission_id: t.into(),
                     fingerprint: vec![print],
-                    result: PushResult { head: 1, repository_generation: 1, items: vec![], warnings: vec![] },
+                    result: if unreadable {
+                        Err(Unreadable("invalid type".into()))
+                    } else {
+                        Ok(PushResult { head: 1, repository_generation: 1, items: vec![], warnings: vec![] })
+                    },
                 })
                 .collect();
             Batch { pushes, states, transmissions, head: 10 }
@@ -315,7 +346,7 @@ fn expected_decision(b: &Batch, i: usize) -> Decision {
     if let Some(s) = b.transmissions.iter().find(|s| s.client_id == p.client_id && &s.transmission_id == tid)
     {
         return if s.fingerprint == p.fingerprint {
-            Decision::Replay(s.result.clone())
+            s.result.clone().map_or_else(Decision::Unreadable, Decision::Replay)
         } else {
             Decision::Mismatch
         };
@@ -408,7 +439,7 @@ proptest! {
             client_id: p.client_id.clone(),
             transmission_id: tid.to_string(),
             fingerprint: p.fingerprint.clone(),
-            result: result.clone(),
+            result: Ok(result.clone()),
         }));
         let answers = first.outcomes(decisions);
 
@@ -423,6 +454,7 @@ proptest! {
             match (answer, &retry) {
                 (Outcome::Applied(r) | Outcome::Replayed(r), Outcome::Replayed(again)) => prop_assert_eq!(r, again),
                 (Outcome::Mismatch, Outcome::Mismatch) => {}
+                (Outcome::Unreadable(first), Outcome::Unreadable(again)) => prop_assert_eq!(first, again),
                 _ => prop_assert!(false, "push {}: {:?} then {:?}", i, answer, retry),
             }
         }
