@@ -1,55 +1,32 @@
 //! A push group written ahead of the commit before it (docs/architecture.md, "The change log"):
 //! it commits right behind that commit, and is rolled back and committed the usual way when that
-//! commit fails or another commit comes in between. Each case is staged with sessions of our own
-//! that hold the rows and the lock the change log waits for, so the order is certain.
-
-use std::time::Duration;
+//! commit fails or another commit comes in between. Each case is staged by holding the server's
+//! commits at named points (`ChangeLogHandle::pauses`, in debug builds), so the order is certain;
+//! the scheduler's rules themselves are property-tested without a database
+//! (`actors::change_log::scheduler`).
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use synkronus::actors::change_log::pauses::{Held, Point};
 use tokio::task::JoinHandle;
 
 use crate::helpers::{connect, TestApp};
 
-fn push_body(tid: &str, ids: &[String]) -> Value {
+pub fn push_body(tid: &str, ids: &[String]) -> Value {
     let records: Vec<Value> =
         ids.iter().map(|id| json!({"observation_id": id, "form_type": "f", "data": {"id": id}})).collect();
     json!({"transmission_id": tid, "client_id": format!("device-{tid}"), "records": records})
 }
 
-fn ids(prefix: &str, n: usize) -> Vec<String> {
+pub fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
 
-fn spawn_push(app: &TestApp, token: &str, body: Value) -> JoinHandle<(StatusCode, Value)> {
+pub fn spawn_push(app: &TestApp, token: &str, body: Value) -> JoinHandle<(StatusCode, Value)> {
     let api = app.api.clone();
     let token = token.to_string();
     tokio::spawn(async move { api.push(&token, body).await })
 }
-
-/// Waits until a session is in the state `condition` (on `pg_stat_activity`) describes.
-async fn wait_for(db: &tokio_postgres::Client, condition: &str, what: &str) {
-    let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE {condition}");
-    for _ in 0..600 {
-        let n: i64 = db.query_one(&sql, &[]).await.expect("pg_stat_activity").get(0);
-        if n > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no session {what}");
-}
-
-/// Our own sessions are named `stager`; the server's are not. Other tests' databases share the
-/// cluster, so every condition names this test's database.
-const HEAD_UPDATE_BLOCKED: &str =
-    "datname = current_database() AND application_name <> 'stager' AND wait_event_type = 'Lock' AND query LIKE 'UPDATE change_head%'";
-const WRITTEN_AHEAD: &str =
-    "datname = current_database() AND application_name <> 'stager' AND state = 'idle in transaction' AND query LIKE 'INSERT INTO transmissions%'";
-const WAITING_FOR_THE_LOCK: &str =
-    "datname = current_database() AND application_name <> 'stager' AND wait_event_type = 'Lock' AND wait_event = 'advisory'";
-const OURS_WAITING_FOR_THE_LOCK: &str =
-    "datname = current_database() AND application_name = 'stager' AND wait_event_type = 'Lock' AND wait_event = 'advisory'";
 
 /// The pushes' versions, sorted, from a pull of everything.
 async fn versions(app: &TestApp, token: &str, of: &[String]) -> Vec<i64> {
@@ -63,46 +40,45 @@ async fn versions(app: &TestApp, token: &str, of: &[String]) -> Vec<i64> {
     v
 }
 
-/// Push A held after its plan (its head update waits for our lock on the head row, held by
-/// `head_row` until it sends COMMIT) and push B, which names other records, written ahead of it.
-struct Staged {
-    app: TestApp,
-    admin: String,
-    /// Connection string of our own sessions, and one of them for looking at the server's.
-    conn: String,
-    observer: tokio_postgres::Client,
-    head_row: tokio_postgres::Client,
-    a: JoinHandle<(StatusCode, Value)>,
-    b: JoinHandle<(StatusCode, Value)>,
-    a_ids: Vec<String>,
-    b_ids: Vec<String>,
+/// Push A held right after its plan (it holds the change-log lock and ids 1–30, nothing written)
+/// and push B, which names other records, written ahead of it (ids 31–50, rows written and not
+/// committed) and waiting for A's COMMIT.
+pub struct Staged {
+    pub app: TestApp,
+    pub admin: String,
+    pub a: JoinHandle<(StatusCode, Value)>,
+    pub b: JoinHandle<(StatusCode, Value)>,
+    pub a_held: Held,
+    pub a_ids: Vec<String>,
+    pub b_ids: Vec<String>,
 }
 
-async fn stage() -> Staged {
+pub async fn stage() -> Staged {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
-    let conn = format!("{} application_name=stager", app.db_conn);
-    let observer = connect(&conn).await;
+    let pauses = app.state.actors.change_log.pauses();
     let (a_ids, b_ids) = (ids("a", 30), ids("b", 20));
-    let head_row = connect(&conn).await;
-    head_row.batch_execute("BEGIN; SELECT * FROM change_head FOR UPDATE").await.expect("lock the head row");
+    let a_planned = pauses.arm(Point::Planned);
     let a = spawn_push(&app, &admin, push_body("a", &a_ids));
-    wait_for(&observer, HEAD_UPDATE_BLOCKED, "holding push A after its plan").await;
+    let a_held = a_planned.reached().await.expect("push A planned");
+    let b_written = pauses.arm(Point::WroteAhead);
     let b = spawn_push(&app, &admin, push_body("b", &b_ids));
-    // B's rows are written while A still holds the change-log lock.
-    wait_for(&observer, WRITTEN_AHEAD, "with push B written ahead").await;
-    Staged { app, admin, conn, observer, head_row, a, b, a_ids, b_ids }
+    b_written.reached().await.expect("push B written ahead of A").release();
+    Staged { app, admin, a, b, a_held, a_ids, b_ids }
 }
 
 #[actix_web::test]
 async fn a_group_written_ahead_commits_right_behind_the_one_before() {
-    let Staged { app, admin, observer: _, conn: _, head_row, a, b, a_ids, b_ids } = stage().await;
-    assert!(!b.is_finished(), "B cannot answer before A commits");
-
-    head_row.batch_execute("COMMIT").await.expect("release the head row");
+    let Staged { app, admin, a, b, a_held, a_ids, b_ids } = stage().await;
+    let b_told = app.state.actors.change_log.pauses().arm(Point::Told);
+    a_held.release();
     let (status, body) = a.await.expect("push A");
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 30);
+    // B answers only once it has heard that A committed.
+    let held = b_told.reached().await.expect("B told");
+    assert!(!b.is_finished(), "B cannot answer before it knows how A ended");
+    held.release();
     let (status, body) = b.await.expect("push B");
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 50, "B's ids follow A's");
@@ -122,35 +98,30 @@ async fn assert_counted(app: &TestApp, token: &str, n: i64) {
 
 #[actix_web::test]
 async fn a_group_written_ahead_is_redone_when_another_commit_comes_in_between() {
-    let Staged { app, admin, observer, conn, head_row, a, b, a_ids, b_ids } = stage().await;
-
-    // Another process queues for the change-log lock behind A, and takes a change_id once it has it.
-    let other_conn = conn;
-    let (took_lock, lock_taken) = tokio::sync::oneshot::channel();
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let other = tokio::spawn(async move {
-        let mut db = connect(&other_conn).await;
-        let tx = db.transaction().await.expect("begin");
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&synkronus::db::records::CHANGELOG_LOCK])
-            .await
-            .expect("the change-log lock");
-        tx.execute("UPDATE change_head SET head = head + 1", &[]).await.expect("take a change_id");
-        took_lock.send(()).expect("test waits");
-        released.await.expect("test releases");
-        tx.commit().await.expect("commit");
-    });
-    wait_for(&observer, OURS_WAITING_FOR_THE_LOCK, "of ours queued for the lock").await;
-
-    head_row.batch_execute("COMMIT").await.expect("release the head row");
+    let Staged { app, admin, a, b, a_held, a_ids, b_ids } = stage().await;
+    let pauses = app.state.actors.change_log.pauses();
+    let b_told = pauses.arm(Point::Told);
+    a_held.release();
     let (status, body) = a.await.expect("push A");
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 30);
-    lock_taken.await.expect("the other process has the lock");
-    // B found the head moved: its rows are gone and it waits for the lock like any commit.
-    wait_for(&observer, WAITING_FOR_THE_LOCK, "with push B redone").await;
-    assert!(!b.is_finished(), "B waits for the other commit");
-    release.send(()).expect("other commit");
-    other.await.expect("other commit");
+    let held = b_told.reached().await.expect("B told");
+
+    // Between A's COMMIT and B's attempt at the lock, another process takes the lock and a
+    // change_id.
+    let other = connect(&app.db_conn).await;
+    other.batch_execute("BEGIN").await.expect("begin");
+    other
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&synkronus::db::records::CHANGELOG_LOCK])
+        .await
+        .expect("the change-log lock");
+    other.execute("UPDATE change_head SET head = head + 1", &[]).await.expect("take a change_id");
+
+    // B finds the lock taken: its rows are rolled back and it is committed the usual way.
+    let b_redo = pauses.arm(Point::Redo);
+    held.release();
+    b_redo.reached().await.expect("B redone").release();
+    other.batch_execute("COMMIT").await.expect("other commit");
     let (status, body) = b.await.expect("push B");
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 51, "B's ids follow the other commit's");
@@ -162,19 +133,29 @@ async fn a_group_written_ahead_is_redone_when_another_commit_comes_in_between() 
 
 #[actix_web::test]
 async fn a_group_written_ahead_of_a_failed_commit_is_redone_and_the_failed_push_retried_applies() {
-    let Staged { app, admin, observer, conn: _, head_row, a, b, a_ids, b_ids } = stage().await;
+    let Staged { app, admin, a, b, a_held, a_ids, b_ids } = stage().await;
 
-    // A's connection dies before its commit.
-    observer
-        .execute(
-            &format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {HEAD_UPDATE_BLOCKED}"),
-            &[],
+    // A's connection dies before its writes: A's session is the one holding the change-log lock
+    // (a bigint key is split into classid and objid). The call waits for the session to end.
+    let observer = connect(&app.db_conn).await;
+    let terminated: bool = observer
+        .query_one(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted AND classid::int8 = $1::int8 >> 32
+               AND objid::int8 = $1::int8 & 4294967295
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&synkronus::db::records::CHANGELOG_LOCK],
         )
         .await
-        .expect("terminate A's session");
+        .expect("terminate A's session")
+        .get(0);
+    assert!(terminated);
+    let b_redo = app.state.actors.change_log.pauses().arm(Point::Redo);
+    a_held.release();
     let (status, body) = a.await.expect("push A");
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    head_row.batch_execute("COMMIT").await.expect("release the head row");
+    // B is told at once, and committed the usual way from the head A did not move.
+    b_redo.reached().await.expect("B redone").release();
     let (status, body) = b.await.expect("push B");
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["current_version"], 20, "B took the ids A did not commit");

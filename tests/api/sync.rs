@@ -54,6 +54,29 @@ async fn upstream_fixtures_insert_update_delete_last_arrival_wins() {
     assert_eq!(revisions[0]["client_id"], "test-client-001");
 }
 
+/// A stored push result this server cannot read (damaged, or stored in a shape it does not know)
+/// fails that push's retry with a 500 (the log names the transmission) and stores nothing: the
+/// retry is neither replayed nor applied again, and other pushes still land.
+#[actix_web::test]
+async fn a_stored_result_that_cannot_be_read_fails_its_retry_and_stores_nothing() {
+    use crate::commit_ahead::{ids, push_body};
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let body = push_body("t1", &ids("r", 3));
+    let (status, first) = app.push(&admin, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let db = connect(&app.db_conn).await;
+    db.execute("UPDATE transmissions SET result = '{\"unexpected\": true}'", &[]).await.expect("damage");
+
+    let (status, retry) = app.push(&admin, body).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{retry}");
+    let (_, status_body) = app.call(Method::GET, "/status", Some(&admin), None).await;
+    assert_eq!(status_body["current_change_id"], 3, "nothing stored for the retry");
+    let (status, other) = app.push(&admin, push_body("t2", &ids("s", 2))).await;
+    assert_eq!(status, StatusCode::OK, "{other}");
+    assert_eq!(other["current_version"], 5);
+}
+
 #[actix_web::test]
 async fn replay_mismatch_and_validation_store_nothing_twice() {
     let app = TestApp::spawn().await;
@@ -555,12 +578,94 @@ async fn concurrent_duplicates_apply_once() {
     assert_eq!(status_body["current_change_id"], 10, "one change per record");
 }
 
-/// G1: many pushers and pullers at once; every puller ends with every record, change_ids strictly
+/// Waits until a commit waits for the change-log lock on `db_conn`'s database (a bigint advisory
+/// key is split into classid and objid).
+async fn wait_for_a_commit_waiting_for_the_lock(db_conn: &str) {
+    let db = connect(db_conn).await;
+    for _ in 0..3000 {
+        let waiting: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_locks
+                 WHERE locktype = 'advisory' AND NOT granted AND classid::int8 = $1::int8 >> 32
+                   AND objid::int8 = $1::int8 & 4294967295
+                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[&synkronus::db::records::CHANGELOG_LOCK],
+            )
+            .await
+            .expect("pg_locks")
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("no commit waits for the change-log lock");
+}
+
+/// G1, staged: a commit that took its change_ids first and later ones that would finish before
+/// it if they could. Push A is held right after its plan (the lock and ids 1–30 are its, nothing is
+/// written); push B, on the same server, is written ahead of it (ids 31–50, its rows in the table,
+/// uncommitted) and waits only for A's COMMIT; with two servers, push C on the other one waits
+/// for the lock A holds. While A is held every pull, on either server, sees nothing; once it is
+/// let go, every pull sees A's ids first and every staged record once, in order. Returns the
+/// staged record ids.
+async fn no_skip_when_commits_would_finish_in_reverse_order(
+    app: &TestApp,
+    second: Option<&TestApp>,
+    admin: &str,
+) -> Vec<String> {
+    use crate::commit_ahead::{ids, push_body, spawn_push};
+    use synkronus::actors::change_log::pauses::Point;
+
+    let pauses = app.state.actors.change_log.pauses();
+    let (a_ids, b_ids, c_ids) = (ids("a", 30), ids("b", 20), ids("c", 20));
+    let a_planned = pauses.arm(Point::Planned);
+    let a = spawn_push(app, admin, push_body("a", &a_ids));
+    let a_held = a_planned.reached().await.expect("push A planned");
+    let b_written = pauses.arm(Point::WroteAhead);
+    let b = spawn_push(app, admin, push_body("b", &b_ids));
+    b_written.reached().await.expect("push B written ahead of A").release();
+    let mut pushes = vec![a, b];
+    let mut staged: Vec<String> = a_ids.iter().chain(&b_ids).cloned().collect();
+    if let Some(second) = second {
+        pushes.push(spawn_push(second, admin, push_body("c", &c_ids)));
+        wait_for_a_commit_waiting_for_the_lock(&app.db_conn).await;
+        staged.extend(c_ids);
+    }
+    let servers: Vec<&TestApp> = std::iter::once(app).chain(second).collect();
+    for server in &servers {
+        let (records, head) = server.pull_all(admin, "early", 0, 500).await;
+        assert!(records.is_empty() && head == 0, "visible before A commits: {records:?} (head {head})");
+    }
+    a_held.release();
+    for push in pushes {
+        let (status, body) = push.await.expect("push");
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    for server in &servers {
+        let (records, head) = server.pull_all(admin, "after", 0, 7).await;
+        assert_eq!(head, staged.len() as i64);
+        let versions: Vec<i64> = records.iter().map(|r| r["version"].as_i64().expect("version")).collect();
+        assert_eq!(versions, (1..=staged.len() as i64).collect::<Vec<_>>(), "dense and in order");
+        let pulled: Vec<&str> = records.iter().map(|r| r["observation_id"].as_str().expect("id")).collect();
+        assert_eq!(pulled[..30], a_ids.iter().map(String::as_str).collect::<Vec<_>>()[..], "A's ids first");
+        let mut sorted = pulled.clone();
+        sorted.sort_unstable();
+        let mut expected: Vec<&str> = staged.iter().map(String::as_str).collect();
+        expected.sort_unstable();
+        assert_eq!(sorted, expected, "every staged record once");
+    }
+    staged
+}
+
+/// G1: a later commit never becomes visible before an earlier one: staged first (above), then
+/// many pushers and pullers at once; every puller ends with every record, change_ids strictly
 /// increasing, on one server or on two server processes sharing the database.
 async fn no_skip_under_concurrency(two_servers: bool) {
     let app = TestApp::spawn().await;
     let second = if two_servers { Some(TestApp::spawn_on(app.db_conn.clone(), &[]).await) } else { None };
     let admin = app.admin_token().await;
+    let staged = no_skip_when_commits_would_finish_in_reverse_order(&app, second.as_ref(), &admin).await;
     let bases: Vec<String> =
         std::iter::once(app.base.clone()).chain(second.iter().map(|s| s.base.clone())).collect();
     const PUSHERS: usize = 32;
@@ -641,12 +746,13 @@ async fn no_skip_under_concurrency(two_servers: bool) {
         .flat_map(|d| {
             (0..PUSHES_EACH).flat_map(move |n| (0..RECORDS_EACH).map(move |k| format!("d{d}-{n}-{k}")))
         })
+        .chain(staged)
         .collect();
     for p in pullers {
         let (seen, cursor) = p.await.expect("puller");
         let got: HashSet<String> = seen.keys().cloned().collect();
         assert_eq!(got, expected, "a puller missed changes");
-        assert_eq!(cursor, (PUSHERS * PUSHES_EACH * RECORDS_EACH) as i64);
+        assert_eq!(cursor, expected.len() as i64);
         let mut ids: Vec<i64> = seen.values().copied().collect();
         ids.sort_unstable();
         ids.dedup();

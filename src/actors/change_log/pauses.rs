@@ -17,6 +17,9 @@ pub enum Point {
     /// A group written ahead has written its rows and results (uncommitted) and is about to wait
     /// for the commit before it.
     WroteAhead,
+    /// A group written ahead has heard how the commit before it ended, and is about to try the
+    /// lock (or to give up, if that commit failed).
+    Told,
     /// A group written ahead gave up (and the group ahead of it, if any, has been told) and is
     /// about to be committed the usual way: it will wait for the lock.
     Redo,

@@ -234,6 +234,8 @@ async fn commit_ahead(
     reporter.pause(Point::WroteAhead).await;
     let predecessor_committed = ahead.predecessor.await.unwrap_or(false);
     phases.lap("wait_for_predecessor");
+    #[cfg(debug_assertions)]
+    reporter.pause(Point::Told).await;
     if !predecessor_committed || !commit::try_lock_at(&tx, ahead.base).await? {
         tx.rollback().await?;
         return Ok(None);
