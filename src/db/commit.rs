@@ -6,15 +6,13 @@
 //! `domain::sync::plan`.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Transaction};
 use serde_json::Value;
-use tokio_postgres::types::{Json, ToSql, Type};
+use tokio_postgres::types::{Json, ToSql};
 
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
-
+use super::record_row::{self, JsonColumn, Row, Rows};
 use super::records::{self, raw_json};
 use crate::db::{stats, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission, Unreadable};
@@ -44,7 +42,13 @@ pub const INDEX_PROBES_ONLY_SQL: &str = "SELECT set_config('enable_seqscan', 'of
 /// The statements of a group commit that find rows of `records` or `transmissions` by key: their
 /// plans must probe an index per key at any table size (a test holds them to it).
 pub fn keyed_statements() -> [&'static str; 5] {
-    [TRANSMISSIONS_SQL, STATES_SQL, ARCHIVE_SQL, &UPDATE_CURRENT_SQL, &stats::COUNT_CHANGES_SQL]
+    [
+        TRANSMISSIONS_SQL,
+        STATES_SQL,
+        &record_row::ARCHIVE_SQL,
+        &record_row::UPDATE_SQL,
+        &stats::COUNT_CHANGES_SQL,
+    ]
 }
 
 type Param<'a> = dyn ToSql + Sync + 'a;
@@ -190,11 +194,11 @@ pub async fn write_ahead(
     synced_at: DateTime<Utc>,
     phases: &mut CommitPhases,
 ) -> DbResult<()> {
-    let b = RevisionBatch::from_plan(plan);
+    let rows = rows_of(plan, synced_at);
     if !plan.superseded_in_batch.is_empty() {
-        insert_revision_rows(db, &b.select(&plan.superseded_in_batch), synced_at).await?;
+        insert_revision_rows(db, &rows.select(&plan.superseded_in_batch)).await?;
     }
-    copy_rows_at(db, &b, &current_revisions(plan), synced_at).await?;
+    copy_rows_at(db, &rows, &current_revisions(plan)).await?;
     phases.lap("copy");
     insert_transmissions(db, pushes, plan).await?;
     phases.lap("transmissions");
@@ -232,152 +236,37 @@ fn current_revisions(plan: &Plan<'_>) -> Vec<usize> {
     (0..plan.revisions.len()).filter(|&i| !superseded[i]).collect()
 }
 
-/// Column arrays for one set-based insert of revisions (and, from the last revision of each id,
-/// the records' new current state). The values are borrowed from the pushes being committed and
-/// the states read for them: a group commit of thousands of records copies none of them.
-#[derive(Default)]
-pub struct RevisionBatch<'a> {
-    pub change_id: Vec<i64>,
-    pub record_id: Vec<&'a str>,
-    pub form_type: Vec<&'a str>,
-    pub form_version: Vec<&'a str>,
-    pub data: Vec<&'a str>,
-    pub deleted: Vec<bool>,
-    pub created_at: Vec<Option<DateTime<Utc>>>,
-    pub updated_at: Vec<Option<DateTime<Utc>>>,
-    pub geolocation: Vec<Option<records::JsonText<'a>>>,
-    pub author: Vec<Option<&'a str>>,
-    pub device_id: Vec<Option<&'a str>>,
-    pub tags: Vec<Option<Json<&'a [String]>>>,
-    pub client_id: Vec<&'a str>,
-    pub transmission_id: Vec<Option<&'a str>>,
-    pub pushed_by: Vec<&'a str>,
-    pub created_by: Vec<&'a str>,
-    pub overwrote_version: Vec<Option<i64>>,
-    pub conflict: Vec<bool>,
-}
-
-/// A batch's revision columns as rows `u(...)`, from the parameters of `revision_params`.
-const REVISION_UNNEST: &str =
-    "unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[],
-         $7::timestamptz[], $8::timestamptz[], $9::json[], $10::text[], $11::text[], $12::json[],
-         $13::text[], $14::text[], $15::text[], $16::bigint[], $17::bool[])
-     AS u(c, r, ft, fv, d, del, ca, ua, g, au, dv, tg, cl, tr, pb, ov, cf)";
-
-impl<'a> RevisionBatch<'a> {
-    /// `$1..$17` for `REVISION_UNNEST`, then `$18` the commit time.
-    fn revision_params<'s>(&'s self, synced_at: &'s DateTime<Utc>) -> [&'s (dyn ToSql + Sync); 18] {
-        [
-            &self.change_id,
-            &self.record_id,
-            &self.form_type,
-            &self.form_version,
-            &self.data,
-            &self.deleted,
-            &self.created_at,
-            &self.updated_at,
-            &self.geolocation,
-            &self.author,
-            &self.device_id,
-            &self.tags,
-            &self.client_id,
-            &self.transmission_id,
-            &self.pushed_by,
-            &self.overwrote_version,
-            &self.conflict,
+/// The plan's revisions as record rows, in change_id order. Every value is borrowed from the
+/// pushes being committed and the states read for them: a group commit of thousands of records
+/// copies none of them.
+fn rows_of<'a>(plan: &Plan<'a>, synced_at: DateTime<Utc>) -> Rows<'a> {
+    let mut rows = Rows::with_capacity(plan.revisions.len());
+    for r in &plan.revisions {
+        let (rec, push) = (r.record, r.push);
+        rows.push(Row {
+            id: &rec.id,
+            form_type: &rec.form_type,
+            form_version: &rec.form_version,
+            data: r.data.get(),
+            deleted: rec.deleted,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
             synced_at,
-        ]
+            geolocation: rec.geolocation.as_deref().map(|g| JsonColumn::Text(g.get())),
+            author: rec.author.as_deref(),
+            device_id: rec.device_id.as_deref(),
+            tags: rec.tags.as_deref().map(JsonColumn::Strings),
+            change_id: r.change_id,
+            client_id: &push.client_id,
+            transmission_id: push.transmission_id.as_deref(),
+            pushed_by: &push.pushed_by,
+            overwrote_version: r.overwrote,
+            conflict: r.conflict,
+            created_by: r.created_by,
+        });
     }
-
-    pub fn with_capacity(n: usize) -> Self {
-        RevisionBatch {
-            change_id: Vec::with_capacity(n),
-            record_id: Vec::with_capacity(n),
-            form_type: Vec::with_capacity(n),
-            form_version: Vec::with_capacity(n),
-            data: Vec::with_capacity(n),
-            deleted: Vec::with_capacity(n),
-            created_at: Vec::with_capacity(n),
-            updated_at: Vec::with_capacity(n),
-            geolocation: Vec::with_capacity(n),
-            author: Vec::with_capacity(n),
-            device_id: Vec::with_capacity(n),
-            tags: Vec::with_capacity(n),
-            client_id: Vec::with_capacity(n),
-            transmission_id: Vec::with_capacity(n),
-            pushed_by: Vec::with_capacity(n),
-            created_by: Vec::with_capacity(n),
-            overwrote_version: Vec::with_capacity(n),
-            conflict: Vec::with_capacity(n),
-        }
-    }
-
-    /// The plan's revisions as columns, borrowing every value.
-    pub fn from_plan(plan: &Plan<'a>) -> Self {
-        let mut b = RevisionBatch::with_capacity(plan.revisions.len());
-        for r in &plan.revisions {
-            let rec = r.record;
-            b.change_id.push(r.change_id);
-            b.record_id.push(&rec.id);
-            b.form_type.push(&rec.form_type);
-            b.form_version.push(&rec.form_version);
-            b.data.push(r.data.get());
-            b.deleted.push(rec.deleted);
-            b.created_at.push(r.created_at);
-            b.updated_at.push(r.updated_at);
-            b.geolocation.push(rec.geolocation.as_deref().map(|g| records::JsonText(g.get())));
-            b.author.push(rec.author.as_deref());
-            b.device_id.push(rec.device_id.as_deref());
-            b.tags.push(rec.tags.as_deref().map(Json));
-            b.client_id.push(&r.push.client_id);
-            b.transmission_id.push(r.push.transmission_id.as_deref());
-            b.pushed_by.push(&r.push.pushed_by);
-            b.created_by.push(r.created_by);
-            b.overwrote_version.push(r.overwrote);
-            b.conflict.push(r.conflict);
-        }
-        b
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.change_id.is_empty()
-    }
-
-    /// The rows at `indexes`, in order.
-    fn select(&self, indexes: &[usize]) -> RevisionBatch<'a> {
-        let mut out = RevisionBatch::with_capacity(indexes.len());
-        for &i in indexes {
-            out.change_id.push(self.change_id[i]);
-            out.record_id.push(self.record_id[i]);
-            out.form_type.push(self.form_type[i]);
-            out.form_version.push(self.form_version[i]);
-            out.data.push(self.data[i]);
-            out.deleted.push(self.deleted[i]);
-            out.created_at.push(self.created_at[i]);
-            out.updated_at.push(self.updated_at[i]);
-            out.geolocation.push(self.geolocation[i]);
-            out.author.push(self.author[i]);
-            out.device_id.push(self.device_id[i]);
-            out.tags.push(self.tags[i].as_ref().map(|t| Json(t.0)));
-            out.client_id.push(self.client_id[i]);
-            out.transmission_id.push(self.transmission_id[i]);
-            out.pushed_by.push(self.pushed_by[i]);
-            out.created_by.push(self.created_by[i]);
-            out.overwrote_version.push(self.overwrote_version[i]);
-            out.conflict.push(self.conflict[i]);
-        }
-        out
-    }
+    rows
 }
-
-const ARCHIVE_SQL: &str =
-    "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
-         updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
-         overwrote_version, conflict)
-     SELECT change_id, id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-            geolocation, author, device_id, tags, client_id, transmission_id, pushed_by, overwrote_version,
-            conflict
-     FROM records WHERE id = ANY($1)";
 
 /// Writes a plan: the current state of every record it overwrites moves to `record_revisions`
 /// (copied inside the database), in-batch revisions that a later one replaces go there too, each
@@ -395,26 +284,26 @@ pub async fn write_plan(
     synced_at: DateTime<Utc>,
     phases: &mut CommitPhases,
 ) -> DbResult<()> {
-    let b = RevisionBatch::from_plan(plan);
+    let rows = rows_of(plan, synced_at);
     let current = current_revisions(plan);
     // First what reads the stored state of the records this batch overwrites.
     let archive = async {
         if !overwritten_ids.is_empty() {
-            let statement = db.prepare_cached(ARCHIVE_SQL).await?;
+            let statement = db.prepare_cached(&record_row::ARCHIVE_SQL).await?;
             db.execute(&statement, &[&overwritten_ids]).await?;
         }
         Ok(())
     };
     let in_batch = async {
         if !plan.superseded_in_batch.is_empty() {
-            insert_revision_rows(db, &b.select(&plan.superseded_in_batch), synced_at).await?;
+            insert_revision_rows(db, &rows.select(&plan.superseded_in_batch)).await?;
         }
         Ok(())
     };
     let counts = stats::count_changes(
         db,
         overwritten_ids,
-        current.iter().map(|&i| (b.form_type[i], b.created_at[i], b.deleted[i])),
+        current.iter().map(|&i| (rows.form_type[i], rows.created_at[i], rows.deleted[i])),
     );
     futures_util::try_join!(archive, in_batch, counts)?;
     phases.lap("revisions_stats");
@@ -425,12 +314,13 @@ pub async fn write_plan(
     // insert then waits for it to roll back, which it does, not getting the lock this one holds.)
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
-        current.into_iter().partition(|&i| stored.contains(b.record_id[i]));
-    copy_rows_at(db, &b, &inserts, synced_at).await?;
+        current.into_iter().partition(|&i| stored.contains(rows.id[i]));
+    copy_rows_at(db, &rows, &inserts).await?;
     phases.lap("copy");
     let update = async {
         if !updates.is_empty() {
-            update_current_rows(db, &b.select(&updates), synced_at).await?;
+            let statement = db.prepare_cached(&record_row::UPDATE_SQL).await?;
+            db.execute(&statement, &rows.select(&updates).params()).await?;
         }
         Ok(())
     };
@@ -447,115 +337,25 @@ pub async fn write_plan(
     Ok(())
 }
 
-/// Copies the rows at `indexes` of `b` into `records`. Only new records, each once, is the usual
-/// big push: then the batch itself goes, not a copy of it.
-async fn copy_rows_at(
-    db: &Transaction<'_>,
-    b: &RevisionBatch<'_>,
-    indexes: &[usize],
-    synced_at: DateTime<Utc>,
-) -> DbResult<()> {
-    if indexes.len() == b.change_id.len() && !indexes.is_empty() {
-        copy_current_rows(db, b, synced_at).await
-    } else if !indexes.is_empty() {
-        copy_current_rows(db, &b.select(indexes), synced_at).await
-    } else {
-        Ok(())
-    }
-}
-
 /// New records go in through binary COPY: no parameter arrays to build and unnest, and the rows
 /// stream to the server in small messages instead of one statement of many megabytes. (Sending
 /// them in 256 KB messages instead was measured slower: PostgreSQL then waits for each chunk
 /// instead of inserting rows while the next ones are encoded; docs/benchmarks-history.md,
-/// "Push: where a group commit's time goes".)
-async fn copy_current_rows(
-    tx: &Transaction<'_>,
-    b: &RevisionBatch<'_>,
-    synced_at: DateTime<Utc>,
-) -> DbResult<()> {
-    let statement = format!(
-        "COPY records ({}, client_id, transmission_id, pushed_by, overwrote_version, conflict) \
-         FROM STDIN (FORMAT binary)",
-        records::COPY_COLUMNS
-    );
-    let statement = tx.prepare_cached(&statement).await?;
-    let sink = tx.copy_in(&statement).await?;
-    let provenance = [Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BOOL];
-    let types = [records::COPY_TYPES.as_slice(), &provenance].concat();
-    let writer = BinaryCopyInWriter::new(sink, &types);
-    let mut writer = std::pin::pin!(writer);
-    for i in 0..b.change_id.len() {
-        writer
-            .as_mut()
-            .write(&[
-                &b.record_id[i],
-                &b.form_type[i],
-                &b.form_version[i],
-                &b.data[i],
-                &b.deleted[i],
-                &b.created_at[i],
-                &b.updated_at[i],
-                &synced_at,
-                &b.geolocation[i],
-                &b.author[i],
-                &b.device_id[i],
-                &b.tags[i],
-                &b.change_id[i],
-                &b.created_by[i],
-                &b.client_id[i],
-                &b.transmission_id[i],
-                &b.pushed_by[i],
-                &b.overwrote_version[i],
-                &b.conflict[i],
-            ])
-            .await?;
+/// "Push: where a group commit's time goes".) Only new records, each once, is the usual big push:
+/// then every row goes, in order.
+async fn copy_rows_at(db: &Transaction<'_>, rows: &Rows<'_>, indexes: &[usize]) -> DbResult<()> {
+    if indexes.is_empty() {
+        return Ok(());
     }
-    writer.finish().await?;
-    Ok(())
+    let statement = db.prepare_cached(&record_row::COPY_SQL).await?;
+    let sink = db.copy_in(&statement).await?;
+    let every_row = indexes.len() == rows.len();
+    record_row::copy_rows(sink, rows, (!every_row).then_some(indexes)).await
 }
 
-/// `created_by` stays: the record keeps the owner of its first revision. Each row is found by one
-/// index probe (as in `TRANSMISSIONS_SQL`) and updated where that probe found it: sound because
-/// every writer that updates `records` holds the change-log lock (a group written ahead only
-/// inserts new ids), so no row moves between probe and update.
-static UPDATE_CURRENT_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "UPDATE records SET
-             form_type = u.ft, form_version = u.fv, data = u.d, deleted = u.del, created_at = u.ca,
-             updated_at = u.ua, synced_at = $18, geolocation = u.g, author = u.au, device_id = u.dv, tags = u.tg,
-             change_id = u.c, client_id = u.cl, transmission_id = u.tr, pushed_by = u.pb,
-             overwrote_version = u.ov, conflict = u.cf
-         FROM {REVISION_UNNEST}
-         CROSS JOIN LATERAL (SELECT ctid AS tid FROM records r WHERE r.id = u.r LIMIT 1) AS found
-         WHERE records.ctid = found.tid"
-    )
-});
-
-async fn update_current_rows(
-    db: &impl GenericClient,
-    b: &RevisionBatch<'_>,
-    synced_at: DateTime<Utc>,
-) -> DbResult<()> {
-    let statement = db.prepare_cached(&UPDATE_CURRENT_SQL).await?;
-    db.execute(&statement, &b.revision_params(&synced_at)).await?;
-    Ok(())
-}
-
-async fn insert_revision_rows(
-    db: &impl GenericClient,
-    b: &RevisionBatch<'_>,
-    synced_at: DateTime<Utc>,
-) -> DbResult<()> {
-    let sql = format!(
-        "INSERT INTO record_revisions (change_id, record_id, form_type, form_version, data, deleted, created_at,
-             updated_at, synced_at, geolocation, author, device_id, tags, client_id, transmission_id, pushed_by,
-             overwrote_version, conflict)
-         SELECT c, r, ft, fv, d, del, ca, ua, $18, g, au, dv, tg, cl, tr, pb, ov, cf
-         FROM {REVISION_UNNEST}"
-    );
-    let statement = db.prepare_cached(&sql).await?;
-    db.execute(&statement, &b.revision_params(&synced_at)).await?;
+async fn insert_revision_rows(db: &impl GenericClient, rows: &Rows<'_>) -> DbResult<()> {
+    let statement = db.prepare_cached(&record_row::INSERT_REVISIONS_SQL).await?;
+    db.execute(&statement, &rows.params()).await?;
     Ok(())
 }
 

@@ -4,9 +4,8 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
 
-use crate::db::records::JsonText;
+use crate::db::record_row::{self, JsonColumn, Row, Rows};
 use crate::db::DbResult;
 
 /// What the target already holds.
@@ -95,38 +94,37 @@ pub struct NewRecord {
     pub change_id: i64,
 }
 
-/// One binary `COPY` per batch (about twice the rate of a multi-row insert); the JSON columns go
-/// as the source's text: `data` is the text of the source's `jsonb`, valid by construction, and
-/// PostgreSQL checks `geolocation` and `tags`.
+/// One binary `COPY` per batch (about twice the rate of a multi-row insert), of the record row's
+/// columns (`db::record_row`); the JSON columns go as the source's text: `data` is the text of the
+/// source's `jsonb`, valid by construction, and PostgreSQL checks `geolocation` and `tags`.
 pub async fn insert_records(db: &tokio_postgres::Transaction<'_>, records: &[NewRecord]) -> DbResult<()> {
-    let statement = format!("COPY records ({}) FROM STDIN BINARY", crate::db::records::COPY_COLUMNS);
-    let sink = db.copy_in(statement.as_str()).await?;
-    let types = crate::db::records::COPY_TYPES;
-    let writer = BinaryCopyInWriter::new(sink, &types);
-    futures_util::pin_mut!(writer);
+    let mut rows = Rows::with_capacity(records.len());
     for r in records {
-        writer
-            .as_mut()
-            .write(&[
-                &r.id,
-                &r.form_type,
-                &r.form_version,
-                &r.data,
-                &r.deleted,
-                &r.created_at,
-                &r.updated_at,
-                &r.synced_at,
-                &r.geolocation.as_deref().map(JsonText),
-                &r.author,
-                &r.device_id,
-                &r.tags.as_deref().map(JsonText),
-                &r.change_id,
-                &r.author.as_deref().unwrap_or(""),
-            ])
-            .await?;
+        rows.push(Row {
+            id: &r.id,
+            form_type: &r.form_type,
+            form_version: &r.form_version,
+            data: &r.data,
+            deleted: r.deleted,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            synced_at: r.synced_at,
+            geolocation: r.geolocation.as_deref().map(JsonColumn::Text),
+            author: r.author.as_deref(),
+            device_id: r.device_id.as_deref(),
+            tags: r.tags.as_deref().map(JsonColumn::Text),
+            change_id: r.change_id,
+            // The Go server keeps no provenance: what the columns default to.
+            client_id: "",
+            transmission_id: None,
+            pushed_by: "",
+            overwrote_version: None,
+            conflict: false,
+            created_by: r.author.as_deref().unwrap_or(""),
+        });
     }
-    writer.finish().await?;
-    Ok(())
+    let sink = db.copy_in(record_row::COPY_SQL.as_str()).await?;
+    record_row::copy_rows(sink, &rows, None).await
 }
 
 /// A current attachment (with its blob already in place) or, with `sha256: None`, a tombstone.

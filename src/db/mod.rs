@@ -15,6 +15,7 @@ pub mod go_import;
 pub mod go_source;
 pub mod login_attempts;
 pub mod presence;
+pub mod record_row;
 pub mod records;
 pub mod replicas;
 pub mod scope;

@@ -2,6 +2,7 @@
 //! writes are in `db::commit`.
 
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 
 use deadpool_postgres::{GenericClient, Object};
@@ -10,53 +11,11 @@ use serde_json::value::RawValue;
 use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{Row, RowStream};
 
+use crate::db::record_row::{select_through, Col, Table, STATE_COLUMNS};
 use crate::db::{stats, DbError, DbResult};
 use crate::domain::sync::page::PulledRecord;
 use crate::domain::sync::StoredRecord;
 use crate::domain::time::UnixMicros;
-
-/// The columns a record's current state is written with by binary `COPY` (a push's new records
-/// and the Go import), in order, with their wire types: one list, so the two writers cannot drift.
-pub(crate) const COPY_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_at, updated_at, \
-     synced_at, geolocation, author, device_id, tags, change_id, created_by";
-pub(crate) const COPY_TYPES: [tokio_postgres::types::Type; 14] = {
-    use tokio_postgres::types::Type;
-    [
-        Type::TEXT,        // id
-        Type::TEXT,        // form_type
-        Type::TEXT,        // form_version
-        Type::TEXT,        // data
-        Type::BOOL,        // deleted
-        Type::TIMESTAMPTZ, // created_at
-        Type::TIMESTAMPTZ, // updated_at
-        Type::TIMESTAMPTZ, // synced_at
-        Type::JSON,        // geolocation
-        Type::TEXT,        // author
-        Type::TEXT,        // device_id
-        Type::JSON,        // tags
-        Type::INT8,        // change_id
-        Type::TEXT,        // created_by
-    ]
-};
-
-/// JSON text sent as it is (the binary form of `json` is its text): no `Value` to serialise on
-/// the way to the `json` columns.
-#[derive(Debug, Clone, Copy)]
-pub struct JsonText<'a>(pub &'a str);
-
-impl ToSql for JsonText<'_> {
-    fn to_sql(
-        &self,
-        _: &tokio_postgres::types::Type,
-        out: &mut bytes::BytesMut,
-    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        out.extend_from_slice(self.0.as_bytes());
-        Ok(tokio_postgres::types::IsNull::No)
-    }
-
-    tokio_postgres::types::accepts!(JSON);
-    tokio_postgres::types::to_sql_checked!();
-}
 
 /// Serialises change_id allocation across server processes sharing one database.
 pub const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
@@ -65,9 +24,9 @@ pub(super) const TRY_LOCK_SQL: &str = "SELECT pg_try_advisory_xact_lock($1)";
 pub(super) const HEAD_SQL: &str = "SELECT head, repository_generation FROM change_head";
 pub(super) const SET_HEAD_SQL: &str = "UPDATE change_head SET head = $1";
 
-/// The JSON columns are read as text and kept raw (see `StoredRecord`).
-const RECORD_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_at, updated_at, \
-     synced_at, geolocation::text, author, device_id, tags::text, change_id";
+/// A record's state as readers select it (`record_row::select_through`): JSON columns as text,
+/// kept raw (see `StoredRecord`), each column at its position in `record_row::Col`.
+static RECORD_COLUMNS: LazyLock<String> = LazyLock::new(|| select_through(Col::change_id, Table::Records));
 
 /// Stored JSON text is valid JSON: the server parsed `data` before storing it, and PostgreSQL
 /// checked the `json` columns on the way in.
@@ -75,21 +34,23 @@ pub(super) fn raw_json(text: String) -> Box<RawValue> {
     RawValue::from_string(text).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
+/// The record state selected by [`RECORD_COLUMNS`] from position `offset` of `row` on.
 fn record_from_row(row: &Row, offset: usize) -> StoredRecord {
+    let at = |c: Col| offset + c as usize;
     StoredRecord {
-        id: row.get(offset),
-        form_type: row.get(offset + 1),
-        form_version: row.get(offset + 2),
-        data: raw_json(row.get(offset + 3)),
-        deleted: row.get(offset + 4),
-        created_at: row.get(offset + 5),
-        updated_at: row.get(offset + 6),
-        synced_at: row.get(offset + 7),
-        geolocation: row.get::<_, Option<String>>(offset + 8).map(raw_json),
-        author: row.get(offset + 9),
-        device_id: row.get(offset + 10),
-        tags: row.get::<_, Option<String>>(offset + 11).map(raw_json),
-        change_id: row.get(offset + 12),
+        id: row.get(at(Col::id)),
+        form_type: row.get(at(Col::form_type)),
+        form_version: row.get(at(Col::form_version)),
+        data: raw_json(row.get(at(Col::data))),
+        deleted: row.get(at(Col::deleted)),
+        created_at: row.get(at(Col::created_at)),
+        updated_at: row.get(at(Col::updated_at)),
+        synced_at: row.get(at(Col::synced_at)),
+        geolocation: row.get::<_, Option<String>>(at(Col::geolocation)).map(raw_json),
+        author: row.get(at(Col::author)),
+        device_id: row.get(at(Col::device_id)),
+        tags: row.get::<_, Option<String>>(at(Col::tags)).map(raw_json),
+        change_id: row.get(at(Col::change_id)),
     }
 }
 
@@ -145,15 +106,16 @@ pub async fn pull_page(
     // for a form nobody has filled in yet); the row comparison can only be served by
     // (form_type, change_id), so a page costs the same at any size (docs/benchmarks-history.md,
     // "Scale curve").
+    let columns = RECORD_COLUMNS.as_str();
     let page = if types.is_empty() {
         format!(
-            "SELECT {RECORD_COLUMNS} FROM records WHERE change_id > $1 AND change_id <= h.head
+            "SELECT {columns} FROM records WHERE change_id > $1 AND change_id <= h.head
              ORDER BY change_id LIMIT $2"
         )
     } else {
         format!(
             "SELECT x.* FROM unnest($3::text[]) AS t(ft) CROSS JOIN LATERAL (
-                 SELECT {RECORD_COLUMNS} FROM records
+                 SELECT {columns} FROM records
                  WHERE (form_type, change_id) > (t.ft, $1) AND (form_type, change_id) <= (t.ft, h.head)
                  ORDER BY form_type, change_id LIMIT $2
              ) x ORDER BY x.change_id LIMIT $2"
@@ -195,25 +157,28 @@ pub async fn pull_page(
     PageRows::new(head, first, rest, db)
 }
 
-/// The unscoped page's last column: true when the page must be read as a scoped one.
-const SCOPED_COLUMN: usize = 15;
+/// The unscoped page's last column, after the head, the generation and the record's state: true
+/// when the page must be read as a scoped one.
+const SCOPED_COLUMN: usize = 2 + STATE_COLUMNS;
 
-/// A row of [`PageRows`] as the page writer takes it, borrowed from the row's bytes.
+/// A row of [`PageRows`] as the page writer takes it, borrowed from the row's bytes: the head and
+/// the generation, then the record's state.
 pub fn pulled_record(row: &Row) -> DbResult<PulledRecord<'_>> {
+    let at = |c: Col| 2 + c as usize;
     Ok(PulledRecord {
-        id: row.try_get(2)?,
-        form_type: row.try_get(3)?,
-        form_version: row.try_get(4)?,
-        data: row.try_get(5)?,
-        deleted: row.try_get(6)?,
-        created_at: row.try_get::<_, Option<DbTime>>(7)?.map(|t| t.0),
-        updated_at: row.try_get::<_, Option<DbTime>>(8)?.map(|t| t.0),
-        synced_at: row.try_get::<_, DbTime>(9)?.0,
-        geolocation: row.try_get(10)?,
-        author: row.try_get(11)?,
-        device_id: row.try_get(12)?,
-        tags: row.try_get(13)?,
-        change_id: row.try_get(14)?,
+        id: row.try_get(at(Col::id))?,
+        form_type: row.try_get(at(Col::form_type))?,
+        form_version: row.try_get(at(Col::form_version))?,
+        data: row.try_get(at(Col::data))?,
+        deleted: row.try_get(at(Col::deleted))?,
+        created_at: row.try_get::<_, Option<DbTime>>(at(Col::created_at))?.map(|t| t.0),
+        updated_at: row.try_get::<_, Option<DbTime>>(at(Col::updated_at))?.map(|t| t.0),
+        synced_at: row.try_get::<_, DbTime>(at(Col::synced_at))?.0,
+        geolocation: row.try_get(at(Col::geolocation))?,
+        author: row.try_get(at(Col::author))?,
+        device_id: row.try_get(at(Col::device_id))?,
+        tags: row.try_get(at(Col::tags))?,
+        change_id: row.try_get(at(Col::change_id))?,
     })
 }
 
@@ -324,10 +289,11 @@ pub async fn list_observations(
     // records made PostgreSQL read the whole table (as pull_page's typed pages did, above).
     // $1 after, $2 limit, $3 include deleted, then the filters.
     let limit = limit + 1;
+    let columns = RECORD_COLUMNS.as_str();
     let (page, filter): (String, Option<&(dyn ToSql + Sync)>) = match (&owner_filter, form_types.is_empty()) {
         (None, true) => (
             format!(
-                "SELECT {RECORD_COLUMNS}, created_by FROM records
+                "SELECT {columns}, created_by FROM records
                  WHERE change_id > $1 AND change_id <= h.head AND ($3 OR NOT deleted)
                  ORDER BY change_id LIMIT $2"
             ),
@@ -335,7 +301,7 @@ pub async fn list_observations(
         ),
         (Some(user), true) => (
             format!(
-                "SELECT {RECORD_COLUMNS}, created_by FROM records
+                "SELECT {columns}, created_by FROM records
                  WHERE (created_by, change_id) > ($4::text, $1) AND (created_by, change_id) <= ($4::text, h.head)
                    AND ($3 OR NOT deleted)
                  ORDER BY created_by, change_id LIMIT $2"
@@ -345,7 +311,7 @@ pub async fn list_observations(
         (_, false) => (
             format!(
                 "SELECT x.* FROM unnest($4::text[]) AS t(ft) CROSS JOIN LATERAL (
-                     SELECT {RECORD_COLUMNS}, created_by FROM records
+                     SELECT {columns}, created_by FROM records
                      WHERE (form_type, change_id) > (t.ft, $1) AND (form_type, change_id) <= (t.ft, h.head)
                        AND ($5::text IS NULL OR created_by = $5) AND ($3 OR NOT deleted)
                      ORDER BY form_type, change_id LIMIT $2
@@ -368,17 +334,17 @@ pub async fn list_observations(
     let records = rows
         .iter()
         .filter(|r| r.get::<_, Option<String>>(1).is_some())
-        .map(|r| OwnedRecord { record: record_from_row(r, 1), created_by: r.get(14) })
+        .map(|r| OwnedRecord { record: record_from_row(r, 1), created_by: r.get(1 + STATE_COLUMNS) })
         .collect();
     Ok((head, records))
 }
 
 pub async fn find_observation(db: &impl GenericClient, id: &str) -> DbResult<Option<OwnedRecord>> {
-    let sql = format!("SELECT {RECORD_COLUMNS}, created_by FROM records WHERE id = $1");
+    let sql = format!("SELECT {}, created_by FROM records WHERE id = $1", RECORD_COLUMNS.as_str());
     Ok(db
         .query_opt(&sql, &[&id])
         .await?
-        .map(|r| OwnedRecord { record: record_from_row(&r, 0), created_by: r.get(13) }))
+        .map(|r| OwnedRecord { record: record_from_row(&r, 0), created_by: r.get(STATE_COLUMNS) }))
 }
 
 /// One stored revision with its provenance (docs/api.md §12.3).
@@ -399,33 +365,31 @@ pub async fn history(
     before: Option<i64>,
     limit: i64,
 ) -> DbResult<Vec<Revision>> {
-    let rows = db
-        .query(
+    // A record's state, then the revision's provenance: a prefix of the record row's columns,
+    // which both tables have.
+    static HISTORY_SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
             "SELECT * FROM (
-                 SELECT id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-                        geolocation::text, author, device_id, tags::text, change_id,
-                        client_id, transmission_id, pushed_by, overwrote_version, conflict
-                 FROM records WHERE id = $1
+                 SELECT {} FROM records WHERE id = $1
                  UNION ALL
-                 SELECT record_id, form_type, form_version, data, deleted, created_at, updated_at, synced_at,
-                        geolocation::text, author, device_id, tags::text, change_id,
-                        client_id, transmission_id, pushed_by, overwrote_version, conflict
-                 FROM record_revisions WHERE record_id = $1
+                 SELECT {} FROM record_revisions WHERE record_id = $1
              ) h
              WHERE $2::bigint IS NULL OR change_id < $2
              ORDER BY change_id DESC LIMIT $3",
-            &[&id, &before, &(limit + 1)],
+            select_through(Col::conflict, Table::Records),
+            select_through(Col::conflict, Table::Revisions),
         )
-        .await?;
+    });
+    let rows = db.query(HISTORY_SQL.as_str(), &[&id, &before, &(limit + 1)]).await?;
     Ok(rows
         .iter()
         .map(|r| Revision {
             record: record_from_row(r, 0),
-            client_id: r.get(13),
-            transmission_id: r.get(14),
-            pushed_by: r.get(15),
-            overwrote_version: r.get(16),
-            conflict: r.get(17),
+            client_id: r.get(Col::client_id as usize),
+            transmission_id: r.get(Col::transmission_id as usize),
+            pushed_by: r.get(Col::pushed_by as usize),
+            overwrote_version: r.get(Col::overwrote_version as usize),
+            conflict: r.get(Col::conflict as usize),
         })
         .collect())
 }
