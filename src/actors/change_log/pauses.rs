@@ -27,7 +27,10 @@ pub enum Point {
 
 /// The points armed by tests, each catching the next commit that reaches it.
 #[derive(Clone, Default)]
-pub struct Pauses(Arc<Mutex<Vec<(Point, oneshot::Sender<Held>)>>>);
+pub struct Pauses(Arc<Mutex<Vec<Armed>>>);
+
+/// An armed point, and where to tell the test that a commit is held there.
+type Armed = (Point, oneshot::Sender<Held>);
 
 /// An armed point: [`Gate::reached`] waits for the commit it catches.
 pub struct Gate(oneshot::Receiver<Held>);

@@ -513,7 +513,7 @@ impl Model {
     /// Moves commit `id` one step; false when it can only wait (for the commit before it).
     fn step(&mut self, id: GroupId, choice: u8) -> bool {
         let g = &self.running[&id];
-        let fail = choice % 4 == 0;
+        let fail = choice.is_multiple_of(4);
         let retry = choice & 4 != 0;
         match (g.kind, g.phase) {
             (Kind::Job, _) => self.done(id, (!fail).then_some(false), false),
@@ -528,7 +528,9 @@ impl Model {
             (Kind::Ahead { told: None }, Phase::Planned(_)) if fail => self.done(id, None, false),
             (Kind::Ahead { told: None }, Phase::Planned(_)) => return false,
             (Kind::Ahead { told: Some(false) }, Phase::Planned(_)) => self.redo(id),
-            (Kind::Ahead { told: Some(true) }, Phase::Planned(_)) if choice % 3 == 0 => self.redo(id),
+            (Kind::Ahead { told: Some(true) }, Phase::Planned(_)) if choice.is_multiple_of(3) => {
+                self.redo(id)
+            }
             (Kind::Ahead { told: Some(true) }, Phase::Planned(_)) => self.wrote(id),
             // Its COMMIT failed other than by the database going away: redone.
             (Kind::Ahead { .. }, Phase::Wrote) if choice % 4 == 1 => self.redo(id),
