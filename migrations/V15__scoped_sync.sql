@@ -93,3 +93,15 @@ CREATE TABLE attachment_refs (
     PRIMARY KEY (attachment_id, record_id)
 );
 CREATE INDEX attachment_refs_record ON attachment_refs (record_id);
+-- A scoped user's first attachment manifest lists their own uploads.
+CREATE INDEX attachments_uploaded_by ON attachments (uploaded_by);
+
+-- Devices that started from cursor 0, and the head when they did: a redelivery committed before
+-- that is not theirs (they never held what it changes), so an initial sync reads only the keys'
+-- rows, in proportion to what the user receives.
+CREATE TABLE scope_devices (
+    username    text NOT NULL,
+    client_id   text NOT NULL,
+    fresh_since bigint NOT NULL,
+    PRIMARY KEY (username, client_id)
+);

@@ -11,9 +11,18 @@ use tokio_postgres::{Portal, Row, Statement, Transaction};
 use crate::db::DbResult;
 use crate::domain::export::{ExportFilter, ExportRow};
 
-/// `$1` form types (empty = all), `$2` since, `$3` snapshot head, `$4` include deleted.
+/// `$1` form types (empty = all), `$2` since, `$3` snapshot head, `$4` include deleted; and the
+/// viewer's visible set (docs/api.md §20.4), named by the snapshot's setting (see `snapshot_head`).
 const FILTER: &str = "(cardinality($1::text[]) = 0 OR form_type = ANY($1::text[])) \
-     AND change_id > $2 AND change_id <= $3 AND ($4 OR NOT deleted)";
+     AND change_id > $2 AND change_id <= $3 AND ($4 OR NOT deleted) AND {VISIBLE}";
+
+/// The export's viewer, set for the snapshot's transaction; empty for an admin's export.
+const VIEWER: &str = "current_setting('synkronus.export_viewer', true)";
+
+fn filter_sql() -> String {
+    let visible = crate::db::scope::read::visible_sql("records", VIEWER);
+    FILTER.replace("{VISIBLE}", &format!("(coalesce({VIEWER}, '') = '' OR {visible})"))
+}
 
 /// `data`, `geolocation` and `tags` as their stored text: the writers use it as it is when it is
 /// canonical. Read by position in `export_row`.
@@ -22,7 +31,10 @@ const ROW_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_a
 
 /// Starts the export's snapshot on `tx` (which must have been opened REPEATABLE READ READ ONLY)
 /// and returns its head: every row read later in `tx` is at or below it.
-pub async fn snapshot_head(tx: &Transaction<'_>) -> Result<(i64, DateTime<Utc>), tokio_postgres::Error> {
+pub async fn snapshot_head(
+    tx: &Transaction<'_>,
+    filter: &ExportFilter,
+) -> Result<(i64, DateTime<Utc>), tokio_postgres::Error> {
     // An export is background work: its counting scans must not fan out over parallel workers
     // and take every core from the pushes committing meanwhile. Its statements stream plain
     // columns, where JIT compiling gains nothing and cost 90-240 ms a statement at 10M records.
@@ -33,6 +45,8 @@ pub async fn snapshot_head(tx: &Transaction<'_>) -> Result<(i64, DateTime<Utc>),
          SET LOCAL plan_cache_mode = force_custom_plan",
     )
     .await?;
+    let viewer = filter.viewer.as_deref().unwrap_or("");
+    tx.execute("SELECT set_config('synkronus.export_viewer', $1, true)", &[&viewer]).await?;
     let row = tx.query_one("SELECT head, now() FROM change_head", &[]).await?;
     Ok((row.get(0), row.get(1)))
 }
@@ -53,7 +67,8 @@ pub async fn form_types(
     head: i64,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
     let sql = format!(
-        "SELECT form_type FROM records WHERE {FILTER} GROUP BY form_type ORDER BY form_type COLLATE \"C\""
+        "SELECT form_type FROM records WHERE {} GROUP BY form_type ORDER BY form_type COLLATE \"C\"",
+        filter_sql()
     );
     let rows = tx.query(&sql, &params(filter, &head)).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
@@ -65,7 +80,7 @@ pub async fn count(
     filter: &ExportFilter,
     head: i64,
 ) -> Result<i64, tokio_postgres::Error> {
-    let sql = format!("SELECT count(*) FROM records WHERE {FILTER}");
+    let sql = format!("SELECT count(*) FROM records WHERE {}", filter_sql());
     Ok(tx.query_one(&sql, &params(filter, &head)).await?.get(0))
 }
 
@@ -85,7 +100,7 @@ pub async fn open_rows(
     let columns = if data_only { "data" } else { ROW_COLUMNS };
     let one_type = if form_type.is_some() { " AND form_type = $5" } else { "" };
     let order = if data_only { "" } else { " ORDER BY change_id" };
-    let sql = format!("SELECT {columns} FROM records WHERE {FILTER}{one_type}{order}");
+    let sql = format!("SELECT {columns} FROM records WHERE {}{one_type}{order}", filter_sql());
     let stmt = tx.prepare(&sql).await?;
     let [a, b, c, d] = params(filter, &head);
     match form_type {
@@ -123,8 +138,9 @@ impl<'a> TypeRows<'a> {
                 "SELECT {ROW_COLUMNS} FROM records
                  WHERE (cardinality($1::text[]) = 0 OR form_type = ANY($1::text[]))
                    AND (form_type, change_id) > ($5, $2) AND (form_type, change_id) <= ($5, $3)
-                   AND ($4 OR NOT deleted)
-                 ORDER BY form_type, change_id LIMIT $6"
+                   AND ($4 OR NOT deleted) AND (coalesce({VIEWER}, '') = '' OR {visible})
+                 ORDER BY form_type, change_id LIMIT $6",
+                visible = crate::db::scope::read::visible_sql("records", VIEWER)
             ))
             .await?;
         let after = AtomicI64::new(filter.since_change_id);

@@ -92,7 +92,7 @@ impl PageRows {
 /// column and the page is read as `scope::pull` reads it, in a snapshot of its own.
 pub async fn pull_page(
     db: Object,
-    username: &str,
+    (username, client_id): (&str, &str),
     after: i64,
     types: &[String],
     limit: i64,
@@ -128,7 +128,7 @@ pub async fn pull_page(
              SELECT c.head, c.repository_generation,
                     (s.active_version > 0 AND coalesce(u.role <> 'admin', true)) OR EXISTS (
                         SELECT 1 FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id
-                         WHERE eu.username = {user} AND e.base IS NOT NULL AND e.base + e.size > $1
+                         WHERE eu.username = {user} AND e.base IS NOT NULL AND e.base + e.size > $1 AND $1 > 0
                     ) AS scoped
                FROM change_head c CROSS JOIN scope_state s LEFT JOIN users u ON u.username = {user}
          )
@@ -151,7 +151,8 @@ pub async fn pull_page(
     };
     if first.try_get::<_, bool>(SCOPED_COLUMN)? {
         drop(rest);
-        return crate::db::scope::pull::page(db, username, after, &distinct_types, limit - 1).await;
+        return crate::db::scope::pull::page(db, (username, client_id), after, &distinct_types, limit - 1)
+            .await;
     }
     let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
     PageRows::new(head, first, rest, db)

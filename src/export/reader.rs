@@ -173,7 +173,7 @@ async fn answer_in_snapshot(
             .read_only(true)
             .start()
             .await?;
-        let (head, taken_at) = sql::snapshot_head(&tx).await?;
+        let (head, taken_at) = sql::snapshot_head(&tx, filter).await?;
         Ok::<_, tokio_postgres::Error>((tx, head, taken_at))
     }
     .await;

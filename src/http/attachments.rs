@@ -12,6 +12,7 @@ use crate::actors::attachment_store::{self, BlobPaths, Staged, Store};
 use crate::db::attachments::{self, AttachmentRow};
 use crate::db::records;
 use crate::db::replicas::Target;
+use crate::db::scope::manifest as scope_manifest;
 use crate::domain::attachment::{self as rules, Quality, RangeAnswer};
 use crate::domain::role::Role;
 use crate::error::{ApiError, ApiResult, ErrorCode};
@@ -242,6 +243,10 @@ pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     let id = path_param(&req, "id")?;
     rules::validate_id(&id)?;
     let row = find(st, &id).await?;
+    // Outside the caller's scope an attachment is absent (docs/api.md §20.4).
+    if !crate::db::scope::read::attachment_visible(&st.pool.get().await?, &caller.username, &id).await? {
+        return Err(ApiError::not_found("Attachment not found"));
+    }
     let quality =
         rules::requested_quality(&query_pairs(&req)).filter(|_| rules::is_resizable(&row.content_type));
     let variant = match quality {
@@ -360,7 +365,8 @@ pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     let cursor = operations_cursor(&query_pairs(&req))?;
-    let (generation, head, rows, by) = manifest_rows(st, &req, &Value::Null, cursor).await?;
+    let (generation, head, rows, by) =
+        manifest_rows(st, &req, (&caller.username, ""), &Value::Null, cursor).await?;
     let operations = rows.iter().map(ManifestOperation::from).collect();
     let res = HttpResponse::Ok().json(Manifest {
         change_cutoff: head,
@@ -375,6 +381,7 @@ pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
 async fn manifest_rows(
     st: &AppState,
     req: &HttpRequest,
+    (username, client_id): (&str, &str),
     body: &Value,
     cursor: Cursor,
 ) -> ApiResult<(i64, i64, Vec<AttachmentRow>, Target)> {
@@ -396,10 +403,24 @@ async fn manifest_rows(
         .read(after.or(client.map(|_| 0)), position, |db| {
             Box::pin(async move {
                 let generation = records::head_and_generation(&db).await?.repository_generation;
-                let (head, rows) = match cursor {
-                    Cursor::After(n) => attachments::changes_after(&db, n, true).await?,
-                    Cursor::Since(t) => attachments::changes_since(&db, t).await?,
+                // A scoped user's manifest lists what they may download (docs/api.md §20.4).
+                let scoped_after = match cursor {
+                    Cursor::After(n) => n,
+                    Cursor::Since(_) => 0,
                 };
+                let (head, rows) =
+                    match scope_manifest::changes_after(&db, (username, client_id), scoped_after).await? {
+                        Some((head, mut rows)) => {
+                            if let Cursor::Since(t) = cursor {
+                                rows.retain(|r| r.deleted || r.created_at > t);
+                            }
+                            (head, rows)
+                        }
+                        None => match cursor {
+                            Cursor::After(n) => attachments::changes_after(&db, n, true).await?,
+                            Cursor::Since(t) => attachments::changes_since(&db, t).await?,
+                        },
+                    };
                 Ok((generation, head, rows))
             })
         })
@@ -435,7 +456,8 @@ pub async fn manifest_post(
             ApiError::bad_request("'since_version' must be an integer >= 0").with_path("/since_version")
         })?,
     };
-    let (generation, head, rows, by) = manifest_rows(st, &req, &body, Cursor::After(since)).await?;
+    let (generation, head, rows, by) =
+        manifest_rows(st, &req, (&caller.username, client_id), &body, Cursor::After(since)).await?;
     // The attachment cursor is not the data cursor: this is a plain sighting.
     report_sync(&req, st, &caller.username, client_id, None);
     let base = format!("{}{}/attachments/", public_base(&req, st), route_prefix(&req));
@@ -520,7 +542,13 @@ fn route_prefix(req: &HttpRequest) -> &'static str {
 pub async fn export_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let (_, rows) = attachments::changes_after(&st.pool.get().await?, 0, false).await?;
+    let db = st.pool.get().await?;
+    // A scoped user's ZIP holds what they may download (docs/api.md §20.4).
+    let rows = match scope_manifest::changes_after(&db, (&caller.username, ""), 0).await? {
+        Some((_, rows)) => rows.into_iter().filter(|r| !r.deleted).collect(),
+        None => attachments::changes_after(&db, 0, false).await?.1,
+    };
+    drop(db);
     let stream = attachment_store::zip_stream(st.storage.attachments.clone(), rows);
     Ok(HttpResponse::Ok()
         .content_type("application/zip")

@@ -139,8 +139,15 @@ impl RawParams {
                     .with_path("?include_deleted"))
             }
         };
-        Ok(ExportFilter { form_types, since_change_id, include_deleted })
+        Ok(ExportFilter { form_types, since_change_id, include_deleted, viewer: None })
     }
+}
+
+/// Limits a non-admin's export to the records they may see (docs/api.md §20.4; with no scope set
+/// that is every record).
+fn viewed_by(filter: ExportFilter, caller: &AuthUser) -> ExportFilter {
+    let viewer = (!caller.role.allows(Role::Admin)).then(|| caller.username.clone());
+    ExportFilter { viewer, ..filter }
 }
 
 fn export_headers(builder: &mut HttpResponseBuilder, format: ExportFormat, head: i64) {
@@ -192,7 +199,8 @@ async fn stream(req: &HttpRequest, caller: &AuthUser, request: ExportRequest) ->
 pub async fn parquet(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let filter = RawParams::from_query(req.query_string())?.filter()?;
-    stream(&req, &caller, ExportRequest { format: ExportFormat::Parquet, filter }).await
+    stream(&req, &caller, ExportRequest { format: ExportFormat::Parquet, filter: viewed_by(filter, &caller) })
+        .await
 }
 
 /// Parquet, CSV or NDJSON export, streamed
@@ -205,7 +213,7 @@ pub async fn parquet(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
 pub async fn data_export(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let raw = RawParams::from_query(req.query_string())?;
-    let request = ExportRequest { format: raw.format()?, filter: raw.filter()? };
+    let request = ExportRequest { format: raw.format()?, filter: viewed_by(raw.filter()?, &caller) };
     stream(&req, &caller, request).await
 }
 
@@ -222,7 +230,8 @@ pub async fn raw_json(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     caller.require(Role::ReadOnly)?;
     let mut filter = RawParams::from_query(req.query_string())?.filter()?;
     filter.include_deleted = false;
-    stream(&req, &caller, ExportRequest { format: ExportFormat::RawJson, filter }).await
+    stream(&req, &caller, ExportRequest { format: ExportFormat::RawJson, filter: viewed_by(filter, &caller) })
+        .await
 }
 
 /// Start a background export
@@ -241,7 +250,7 @@ pub async fn create_job(
     let st = state(&req)?;
     let mut raw = RawParams::from_query(req.query_string())?;
     raw.merge_body(&body)?;
-    let request = ExportRequest { format: raw.format()?, filter: raw.filter()? };
+    let request = ExportRequest { format: raw.format()?, filter: viewed_by(raw.filter()?, &caller) };
     let details = export_details(&request, false);
     let job = st.actors.export_jobs.create_job(caller.username.clone(), request).await?;
     let entry = audit_origin(&req, st, &caller.username).entry(Action::ExportStarted, Some(&job.id), details);
@@ -299,13 +308,19 @@ pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
 
 /// Record counts by form type
 ///
-/// Role: read-only or above.
+/// Role: read-only or above (admin while a scope set is in force).
 #[utoipa::path(get, path = "/stats/observations", tag = "export",
     responses((status = 200, body = ObservationStats), (status = 400)),
     security(("bearerAuth" = [])))]
 pub async fn observation_stats(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
+    if !caller.role.allows(Role::Admin) && crate::db::scope::read::is_scoped(&st.pool.get().await?).await? {
+        return Err(ApiError::new(
+            crate::error::ErrorCode::Forbidden,
+            "Statistics over the whole repository are for admins while a scope set is in force",
+        ));
+    }
     let served = st
         .reads
         .read(None, |_| 0, |db| Box::pin(async move { crate::db::stats::observation_stats(&db).await }))

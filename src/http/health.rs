@@ -166,12 +166,14 @@ pub async fn status(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespo
     let st = state(&req)?;
     let db = st.pool.get().await?;
     let counts = crate::db::status::counts(&db).await?;
+    // Counts over the whole repository are for admins while a scope set is in force.
+    let shown = caller.role.allows(Role::Admin) || !crate::db::scope::read::is_scoped(&db).await?;
     Ok(HttpResponse::Ok().json(Status {
         active_bundle_version: counts.active_bundle_version,
-        attachment_count: counts.attachments,
+        attachment_count: shown.then_some(counts.attachments),
         current_change_id: counts.head,
         database: "up",
-        observation_count: counts.observations,
+        observation_count: shown.then_some(counts.observations),
         status: "OK",
         uptime_seconds: st.started_at.elapsed().as_secs(),
         version: SERVER_VERSION,

@@ -3,8 +3,10 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use tokio_postgres::IsolationLevel;
 
 use crate::db::records::{self, Owner};
+use crate::db::scope::read as scope_read;
 use crate::domain::page_token::{self, TokenKind};
 use crate::domain::role::Role;
 use crate::domain::sync::clamp_limit;
@@ -146,10 +148,20 @@ pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     let id = path_param(&req, "id")?;
-    let db = st.pool.get().await?;
-    let found = records::find_observation(&db, &id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("Observation '{id}' not found")))?;
+    let mut db = st.pool.get().await?;
+    // One snapshot for the visibility and the record (docs/api.md §20.4: outside the caller's
+    // set, the record is absent).
+    let tx = db
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let not_found = || ApiError::not_found(format!("Observation '{id}' not found"));
+    if !scope_read::record_visible(&tx, &caller.username, &id).await? {
+        return Err(not_found());
+    }
+    let found = records::find_observation(&tx, &id).await?.ok_or_else(not_found)?;
     let mut m = synkronus_record(&found.record);
     m.insert("created_by".into(), found.created_by.into());
     Ok(HttpResponse::Ok().json(Value::Object(m)))
@@ -190,8 +202,11 @@ pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
             |found: &Option<_>| if found.is_some() { 0 } else { -1 },
             |db| {
                 let id = &id;
+                let username = &caller.username;
                 Box::pin(async move {
-                    if !records::record_exists(&db, id).await? {
+                    if !records::record_exists(&db, id).await?
+                        || !scope_read::record_visible(&db, username, id).await?
+                    {
                         return Ok(None);
                     }
                     Ok(Some(records::history(&db, id, before, limit).await?))

@@ -73,7 +73,8 @@ async fn read(
     started: oneshot::Sender<DbResult<PageStart>>,
 ) {
     let first = async {
-        let rows = records::pull_page(db, &username, pull.after, &pull.types, pull.limit).await?;
+        let rows =
+            records::pull_page(db, (&username, &pull.client_id), pull.after, &pull.types, pull.limit).await?;
         let Head { change_id: head, repository_generation } = rows.head;
         let writer =
             PageWriter::new(pull.dialect, head, repository_generation, pull.limit, pull.types.clone());

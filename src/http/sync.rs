@@ -152,6 +152,10 @@ async fn pull_page(
             page.head.change_id
         }
     };
+    if pull.after == 0 {
+        // The device holds nothing: earlier redeliveries are not its own (docs/architecture.md).
+        crate::db::scope::devices::started_fresh(&st.pool.get().await?, username, &pull.client_id).await?;
+    }
     let span = tracing::Span::current();
     let served = st
         .reads

@@ -141,8 +141,11 @@ async fn a_worker_receives_their_districts_drops_the_rest_and_gains_a_new_distri
     assert_eq!(tombstone["data"], json!({}));
     // A new device of the same user receives exactly the set (S1).
     let mut tablet = Device::new("tablet");
-    tablet.sync(&app, &north, 1).await;
+    let received = tablet.sync(&app, &north, 1).await;
     assert_eq!(tablet.ids(), ["f-1", "h-north", "own-1"]);
+    // A device starting from 0 reads in proportion to what it receives: no tombstones of the
+    // records it never held (S5).
+    assert_eq!(received.len(), 3, "{received:?}");
     assert_eq!(tablet.records["h-north"], json!({"district": "north", "n": 1}));
 
     // Given the east district, the existing east household arrives although its change is below
@@ -249,4 +252,127 @@ async fn the_scope_set_api_validates_previews_and_audits() {
     assert_eq!(actions.iter().filter(|a| **a == "scope.change").count(), 2, "{actions:?}");
     assert_eq!(actions.iter().filter(|a| **a == "scope.activate").count(), 2, "{actions:?}");
     assert!(actions.contains(&"user.attributes_change"));
+}
+
+/// The ids of an NDJSON export's records.
+fn ndjson_ids(text: &str) -> Vec<String> {
+    let mut ids: Vec<String> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str::<Value>(l).expect("NDJSON line")["observation_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[actix_web::test]
+async fn every_other_reader_holds_the_visible_set() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let worker = create_user(&app, &admin, "w", "read-write", json!({"district": ["north"]})).await;
+    let photo = "3f2a9c1e-7d1b-4c55-9e0f-1a2b3c4d5e6f.jpg";
+    let other_photo = "other photo.jpg";
+    for (id, bytes) in [(photo, &b"north photo"[..]), (other_photo, &b"east photo"[..])] {
+        let (status, body) =
+            app.put_bytes(&admin, &format!("/attachments/{id}"), bytes, Some("image/jpeg")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    push(
+        &app,
+        &admin,
+        "admin-device",
+        vec![
+            record(
+                "h-north",
+                "household",
+                json!({"district": "north", "photo": {"type": "image", "filename": photo}}),
+            ),
+            record("h-east", "household", json!({"district": "east", "photo": {"filename": other_photo}})),
+        ],
+    )
+    .await;
+    let (status, _) = app.call(Method::GET, "/stats/observations", Some(&worker), None).await;
+    assert_eq!(status, StatusCode::OK, "no set: statistics for everyone");
+    // Before any set the worker's manifest lists both photos.
+    let (_, manifest) = app
+        .call(
+            Method::POST,
+            "/attachments/manifest",
+            Some(&worker),
+            Some(json!({"client_id": "phone", "since_version": 0})),
+        )
+        .await;
+    assert_eq!(manifest["operation_count"], json!({"delete": 0, "download": 2}), "{manifest}");
+    let cursor = manifest["current_version"].as_i64().unwrap();
+
+    set_rules(&app, &admin, district_rules()).await;
+
+    // One record: outside the set it is absent, with its history.
+    let (status, _) = app.call(Method::GET, "/observations/h-east", Some(&worker), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = app.call(Method::GET, "/observations/h-east/history", Some(&worker), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = app.call(Method::GET, "/observations/h-north", Some(&worker), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = app.call(Method::GET, "/observations/h-north/history", Some(&worker), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = app.call(Method::GET, "/observations/h-east", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK, "admins see everything");
+
+    // Exports hold the visible set only.
+    let text =
+        app.send(Method::GET, "/data/export?format=json", Some(&worker), None).await.text().await.unwrap();
+    assert_eq!(ndjson_ids(&text), ["h-north"]);
+    let text =
+        app.send(Method::GET, "/data/export?format=json", Some(&admin), None).await.text().await.unwrap();
+    assert_eq!(ndjson_ids(&text), ["h-east", "h-north"]);
+
+    // Attachments: through a visible record, or not at all.
+    let (status, _, bytes) = app.get_bytes(&worker, &format!("/attachments/{photo}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(bytes, b"north photo");
+    let (status, _, _) = app.get_bytes(&worker, "/attachments/other%20photo.jpg").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // The manifest after the old cursor takes the east photo back; from 0 it lists the north one.
+    let (_, manifest) = app
+        .call(
+            Method::POST,
+            "/attachments/manifest",
+            Some(&worker),
+            Some(json!({"client_id": "phone", "since_version": cursor})),
+        )
+        .await;
+    let ops: Vec<(String, String)> = manifest["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (o["attachment_id"].as_str().unwrap().to_owned(), o["operation"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    assert!(ops.contains(&(other_photo.to_owned(), "delete".to_owned())), "{manifest}");
+    assert!(!ops.iter().any(|(id, op)| id == other_photo && op == "download"), "{manifest}");
+    let (_, manifest) =
+        app.call(Method::GET, "/attachments/manifest?after_change_id=0", Some(&worker), None).await;
+    let ids: Vec<&str> = manifest["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["attachment_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [photo]);
+
+    // Aggregates are for admins while a set is in force.
+    let (status, _) = app.call(Method::GET, "/stats/observations", Some(&worker), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (_, status_body) = app.call(Method::GET, "/status", Some(&worker), None).await;
+    assert!(status_body["observation_count"].is_null(), "{status_body}");
+    assert_eq!(status_body["status"], "OK");
+    let (_, status_body) = app.call(Method::GET, "/status", Some(&admin), None).await;
+    assert_eq!(status_body["observation_count"], 2);
 }

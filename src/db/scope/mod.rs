@@ -2,7 +2,9 @@
 //! versions of the scope set and the state pointer, the keys written with records, redelivery
 //! events, the scoped pull page, and what readers filter by.
 
+pub mod devices;
 pub mod gc;
+pub mod manifest;
 pub mod prepare;
 pub mod pull;
 pub mod read;

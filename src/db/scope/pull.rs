@@ -22,7 +22,7 @@ use crate::db::records::{Head, PageRows};
 use crate::db::{DbError, DbResult};
 
 /// The bucket rows, own records and redelivery slots after the cursor, as (id, record) pairs.
-const CANDIDATES: &str = "
+pub(super) const CANDIDATES: &str = "
     SELECT x.change_id AS at, x.record_id FROM h, k, unnest(k.keys) AS b(key) CROSS JOIN LATERAL (
         SELECT s.change_id, s.record_id FROM scope_rows s
          WHERE s.key = b.key AND s.change_id > $1 AND s.change_id <= h.head
@@ -54,20 +54,29 @@ const RENDERED: &str = "p.id, p.form_type, p.form_version,
     CASE WHEN p.visible THEN p.geolocation::text END, CASE WHEN p.visible THEN p.author END,
     CASE WHEN p.visible THEN p.device_id END, CASE WHEN p.visible THEN p.tags::text END, p.at";
 
+/// The head, whether the user `$3` sees everything, their keys and the redeliveries after `$1` that
+/// concern their device `$4`; then `cand`, the rows they may read after `$1` (at most `$2` from
+/// each source). A device pulling from 0 holds nothing, and one that started from 0 after a
+/// redelivery never held what it changes: neither reads it (see `devices::started_fresh`).
+pub(super) const USER_ROWS: &str = "
+    h AS (
+        SELECT c.head, c.repository_generation,
+               (s.active_version = 0 OR coalesce(u.role = 'admin', false)) AS sees_all
+          FROM change_head c CROSS JOIN scope_state s LEFT JOIN users u ON u.username = $3
+    ), k AS (
+        SELECT coalesce((SELECT keys FROM scope_user_keys WHERE username = $3),
+                        ARRAY['@' || $3]::text[]) AS keys
+    ), ev AS (
+        SELECT e.id, e.base, eu.keys FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id, h
+         WHERE eu.username = $3 AND e.base IS NOT NULL AND e.base + e.size > $1 AND e.base < h.head
+           AND $1 > 0 AND e.base >= coalesce(
+               (SELECT fresh_since FROM scope_devices WHERE username = $3 AND client_id = $4), 0)
+    ), cand AS (";
+
 fn page_sql(typed: bool) -> String {
-    let type_filter = if typed { "AND r.form_type = ANY($4)" } else { "" };
+    let type_filter = if typed { "AND r.form_type = ANY($5)" } else { "" };
     format!(
-        "WITH h AS (
-             SELECT c.head, c.repository_generation,
-                    (s.active_version = 0 OR coalesce(u.role = 'admin', false)) AS sees_all
-               FROM change_head c CROSS JOIN scope_state s LEFT JOIN users u ON u.username = $3
-         ), k AS (
-             SELECT coalesce((SELECT keys FROM scope_user_keys WHERE username = $3),
-                             ARRAY['@' || $3]::text[]) AS keys
-         ), ev AS (
-             SELECT e.id, e.base, eu.keys FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id, h
-              WHERE eu.username = $3 AND e.base IS NOT NULL AND e.base + e.size > $1 AND e.base < h.head
-         ), cand AS ({CANDIDATES}
+        "WITH {USER_ROWS}{CANDIDATES}
          ), page AS (
              SELECT DISTINCT ON (c.at) c.at, r.*,
                     h.sees_all OR r.created_by = $3 OR EXISTS (
@@ -84,15 +93,21 @@ fn page_sql(typed: bool) -> String {
 
 /// The page after `after` for `username`, in the layout of `records::pull_page` (whose rows the
 /// page writer reads), with every record the user may not see now written as a tombstone.
-pub async fn page(db: Object, username: &str, after: i64, types: &[&str], limit: i64) -> DbResult<PageRows> {
+pub async fn page(
+    db: Object,
+    (username, client_id): (&str, &str),
+    after: i64,
+    types: &[&str],
+    limit: i64,
+) -> DbResult<PageRows> {
     let typed = !types.is_empty();
     let statement = db.prepare_cached(&page_sql(typed)).await?;
     let limit = limit + 1;
-    let user = username.to_owned();
     let mut rest = Box::pin(if typed {
-        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &user, &types]).await?
+        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &username, &client_id, &types])
+            .await?
     } else {
-        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &user]).await?
+        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &username, &client_id]).await?
     });
     let Some(first) = rest.next().await.transpose()? else {
         return Err(DbError::Other("the scoped page statement returned no row".into()));

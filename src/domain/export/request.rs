@@ -67,6 +67,9 @@ pub struct ExportFilter {
     /// Only records whose latest change_id is greater.
     pub since_change_id: i64,
     pub include_deleted: bool,
+    /// Whose visible set the export is limited to (docs/api.md §20.4); `None` for admins, who see
+    /// every record.
+    pub viewer: Option<String>,
 }
 
 /// One export: its format and which records it covers.

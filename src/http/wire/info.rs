@@ -108,10 +108,12 @@ pub struct ApiVersionStatus {
 #[derive(Serialize, ToSchema)]
 pub struct Status {
     pub active_bundle_version: Option<String>,
-    pub attachment_count: i64,
+    /// Null for a non-admin while a scope set is in force (docs/api.md §20.4).
+    pub attachment_count: Option<i64>,
     pub current_change_id: i64,
     pub database: &'static str,
-    pub observation_count: i64,
+    /// Null for a non-admin while a scope set is in force (docs/api.md §20.4).
+    pub observation_count: Option<i64>,
     pub status: &'static str,
     pub uptime_seconds: u64,
     pub version: &'static str,
@@ -167,10 +169,10 @@ mod tests {
         });
         assert_map_order(&Status {
             active_bundle_version: None,
-            attachment_count: 0,
+            attachment_count: Some(0),
             current_change_id: 0,
             database: "",
-            observation_count: 0,
+            observation_count: Some(0),
             status: "",
             uptime_seconds: 0,
             version: "",

@@ -1,0 +1,25 @@
+//! Devices that started from cursor 0. A redelivery (docs/architecture.md, "Scoped sync") tells
+//! devices about records that entered or left their user's set below their cursor; a device that
+//! started from 0 after it never held what it changes, and reading it would cost an initial sync
+//! every record the redelivery covers (every record of the repository, when a set is first put in
+//! force). So a pull from 0 notes the head here, and the scoped page skips older redeliveries for
+//! that device. The note is only ever an optimisation in the safe direction: without it (a replica
+//! that has not replayed it yet, a device from before it existed) a device reads every redelivery
+//! after its cursor, which is what correctness needs.
+
+use deadpool_postgres::GenericClient;
+
+use crate::db::DbResult;
+
+/// Notes that `client_id` of `username` starts over from cursor 0 now. A deployment that never
+/// had a scope set has no redelivery to skip, and writes nothing.
+pub async fn started_fresh(db: &impl GenericClient, username: &str, client_id: &str) -> DbResult<()> {
+    db.execute(
+        "INSERT INTO scope_devices (username, client_id, fresh_since)
+         SELECT $1, $2, head FROM change_head WHERE EXISTS (SELECT 1 FROM scope_sets)
+         ON CONFLICT (username, client_id) DO UPDATE SET fresh_since = EXCLUDED.fresh_since",
+        &[&username, &client_id],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! The attachment manifests under a scope (docs/api.md §20.4): the attachments a user may
+//! download, with the guarantees of their records. An attachment is the user's to download when
+//! they uploaded it or a record they may see names it; it changes for them when it is uploaded,
+//! and whenever a record naming it reaches them (a row of the scoped pull). So the manifest after
+//! a cursor is: the attachments named by the records the user's pull would deliver after it, and
+//! the attachments uploaded after it; each listed as `download` when the user may have it now,
+//! else, if a delivered record named it (the device may hold it), as `delete`.
+
+use deadpool_postgres::GenericClient;
+
+use crate::db::attachments::AttachmentRow;
+use crate::db::scope::pull::{CANDIDATES, USER_ROWS};
+use crate::db::scope::read::attachment_visible_sql;
+use crate::db::DbResult;
+
+/// `None` when the user is not scoped (no set in force, or an admin, and no redelivery pending):
+/// the unscoped manifest applies. Otherwise the head and the operations after `after`, in order.
+pub async fn changes_after(
+    db: &impl GenericClient,
+    (username, client_id): (&str, &str),
+    after: i64,
+) -> DbResult<Option<(i64, Vec<AttachmentRow>)>> {
+    let scoped: bool = db
+        .query_one(
+            "SELECT (s.active_version > 0 AND coalesce(u.role <> 'admin', true)) OR EXISTS (
+                 SELECT 1 FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id
+                  WHERE eu.username = $1 AND e.base IS NOT NULL AND e.base + e.size > $2 AND $2 > 0)
+               FROM scope_state s LEFT JOIN users u ON u.username = $1",
+            &[&username, &after],
+        )
+        .await?
+        .get(0);
+    if !scoped {
+        return Ok(None);
+    }
+    let sql = format!(
+        "WITH {USER_ROWS}{CANDIDATES}
+         ), named AS (
+             SELECT ar.attachment_id AS id, max(c.at) AS at FROM cand c
+               JOIN attachment_refs ar ON ar.record_id = c.record_id GROUP BY ar.attachment_id
+         ), uploaded AS (
+             SELECT a.id, a.change_id AS at FROM attachments a, h
+              WHERE a.change_id > $1 AND a.change_id <= h.head AND ($1 > 0 OR a.uploaded_by = $3)
+         ), ops AS (
+             SELECT id, max(at) AS at, bool_or(named) AS named FROM (
+                 SELECT id, at, true AS named FROM named UNION ALL SELECT id, at, false FROM uploaded) x
+              GROUP BY id
+         )
+         SELECT h.head, a.id, a.sha256, a.size, a.content_type, a.uploaded_by, a.client_id, a.created_at,
+                o.at, (h.sees_all OR {visible}) AS visible, o.named
+           FROM ops o JOIN attachments a ON a.id = o.id, h
+          ORDER BY o.at",
+        visible = attachment_visible_sql("a", "$3")
+    );
+    let head: i64 = db.query_one("SELECT head FROM change_head", &[]).await?.get(0);
+    let rows = db.query(&sql, &[&after, &i64::MAX, &username, &client_id]).await?;
+    let head = rows.first().map_or(head, |row| row.get(0));
+    let operations = rows
+        .iter()
+        .filter_map(|row| {
+            let visible: bool = row.get(9);
+            let named: bool = row.get(10);
+            (visible || named).then(|| AttachmentRow {
+                id: row.get(1),
+                sha256: row.get(2),
+                size: row.get(3),
+                content_type: row.get(4),
+                uploaded_by: row.get(5),
+                client_id: row.get(6),
+                created_at: row.get(7),
+                change_id: row.get(8),
+                deleted: !visible,
+            })
+        })
+        .collect();
+    Ok(Some((head, operations)))
+}
