@@ -114,8 +114,11 @@ pub async fn run(cli: Cli) -> i32 {
         Ok(config) => config,
         Err(e) => return invalid_configuration(&e),
     };
-    crate::telemetry::init(&config.log_level, config.log_format, &config.node_id);
-    exit_status(with_config(command, config).await)
+    let telemetry = crate::telemetry::init(&config);
+    let result = with_config(command, config).await;
+    // Sends the spans still queued for the collector before the process ends.
+    drop(telemetry);
+    exit_status(result)
 }
 
 fn invalid_configuration(error: &ConfigError) -> i32 {

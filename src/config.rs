@@ -104,6 +104,9 @@ pub struct Config {
     /// How long audit log entries are kept (`AUDIT_RETENTION_DAYS`).
     pub audit_retention_days: u32,
     pub metrics_port: Option<u16>,
+    /// Where spans are exported (OTLP/HTTP), when they are (docs/operations.md, "Tracing").
+    pub otlp_traces_endpoint: Option<String>,
+    pub otel_service_name: String,
     /// bcrypt cost of new password hashes: 12 (docs/api.md §7.1); only the test suite lowers it
     /// (see [`test_only`]).
     pub password_hash_cost: u32,
@@ -202,6 +205,8 @@ impl Config {
             transmission_retention_days: 0,
             audit_retention_days: 0,
             metrics_port: None,
+            otlp_traces_endpoint: None,
+            otel_service_name: String::new(),
             password_hash_cost: crate::domain::user::BCRYPT_COST,
             shown: serde_json::Map::new(),
         }
@@ -420,6 +425,17 @@ mod tests {
         }
         assert_eq!(load(&[("METRICS_PORT", "9100")]).expect("metrics").metrics_port, Some(9100));
         assert_eq!(load(&[("METRICS_PORT", "")]).expect("metrics").metrics_port, None);
+        assert_eq!(load(&[]).expect("no export").otlp_traces_endpoint, None);
+        let base = load(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]).expect("otlp");
+        assert_eq!(base.otlp_traces_endpoint.as_deref(), Some("http://collector:4318/v1/traces"));
+        let full = load(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://other:9000/spans"),
+        ])
+        .expect("otlp traces");
+        assert_eq!(full.otlp_traces_endpoint.as_deref(), Some("http://other:9000/spans"));
+        refused(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318")], "OTEL_EXPORTER_OTLP_ENDPOINT");
+        refused(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318")], "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     }
 
     #[test]

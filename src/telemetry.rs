@@ -1,6 +1,8 @@
 //! Logging: LOG_LEVEL and LOG_FORMAT (text or one JSON object per line), and the request id every
-//! log line and error body of a request carries.
+//! log line and error body of a request carries; with `OTEL_EXPORTER_OTLP_ENDPOINT`, the spans go
+//! to an OpenTelemetry collector too (`otlp`).
 
+mod otlp;
 pub mod request_id;
 
 use std::fmt::{self, Debug};
@@ -18,20 +20,58 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+use crate::config::{Config, LogFormat};
 
-/// `node` is `NODE_ID`: every line names it, so the logs of several nodes can be merged.
-pub fn init(level: &str, format: LogFormat, node: &str) {
+/// Keeps the span export running; dropping it sends what is still queued and stops the export.
+#[must_use = "dropping it stops the span export"]
+pub struct Telemetry {
+    exporter: Option<otlp::Exporter>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(exporter) = self.exporter.take() {
+            exporter.shut_down();
+        }
+    }
+}
+
+/// Logging at `LOG_LEVEL` in `LOG_FORMAT`, every line naming `NODE_ID` (so the logs of several
+/// nodes can be merged), and the span export when an OTLP endpoint is configured. An exporter
+/// that cannot be built is reported and logging goes on without it.
+pub fn init(config: &Config) -> Telemetry {
     // Also routes the `log` records of dependencies into the same output.
     // Noisy dependencies stay at warn unless RUST_LOG says otherwise.
+    let level = &config.log_level;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!("{level},actix_server=warn,tokio_postgres=warn,refinery_core=warn"))
     });
-    let _ = dispatch(filter, format, node, std::io::stdout).try_init();
+    let (exporter, failed) = match &config.otlp_traces_endpoint {
+        None => (None, None),
+        Some(endpoint) => match otlp::Exporter::start(endpoint, &config.otel_service_name, &config.node_id) {
+            Ok(exporter) => (Some(exporter), None),
+            Err(e) => (None, Some(e)),
+        },
+    };
+    let tracer = exporter.as_ref().map(otlp::Exporter::tracer);
+    let _ = dispatch(filter, config.log_format, &config.node_id, std::io::stdout, tracer).try_init();
+    if let Some(e) = failed {
+        tracing::error!(error = %e, "cannot export spans to OTEL_EXPORTER_OTLP_ENDPOINT; logging only");
+    }
+    Telemetry { exporter }
 }
 
-/// The whole logging stack, writing to `writer` (stdout in production, a buffer in tests).
-fn dispatch<W>(filter: EnvFilter, format: LogFormat, node: &str, writer: W) -> Dispatch
+/// The whole logging stack, writing to `writer` (stdout in production, a buffer in tests), and
+/// exporting spans to `tracer` when there is one. Each output has its own filter: `LOG_LEVEL`
+/// decides the log lines, while the export also takes this crate's DEBUG spans (every database
+/// and storage call); without an export those spans are disabled where they are created.
+fn dispatch<W>(
+    filter: EnvFilter,
+    format: LogFormat,
+    node: &str,
+    writer: W,
+    tracer: Option<opentelemetry_sdk::trace::Tracer>,
+) -> Dispatch
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -48,7 +88,10 @@ where
     };
     let demoter = ClientFaultsAtDebug::default();
     let own_dispatch = demoter.dispatch.clone();
-    let dispatch = Dispatch::new(tracing_subscriber::registry().with(filter).with(demoter).with(output));
+    let spans = tracer.map(otlp::layer);
+    let dispatch = Dispatch::new(
+        tracing_subscriber::registry().with(output.with_filter(filter)).with(demoter).with(spans),
+    );
     let _ = own_dispatch.set(dispatch.downgrade());
     dispatch
 }
@@ -178,7 +221,7 @@ mod tests {
     fn logged_at(level: &str) -> String {
         let out = Captured::default();
         let writer = out.clone();
-        let dispatch = dispatch(EnvFilter::new(level), LogFormat::Text, "n1", move || writer.clone());
+        let dispatch = dispatch(EnvFilter::new(level), LogFormat::Text, "n1", move || writer.clone(), None);
         tracing::dispatcher::with_default(&dispatch, || {
             tracing::error!(
                 target: "actix_http::h1::dispatcher",
@@ -193,7 +236,7 @@ mod tests {
     fn logged_as(format: LogFormat) -> String {
         let out = Captured::default();
         let writer = out.clone();
-        let dispatch = dispatch(EnvFilter::new("info"), format, "node \"b\"", move || writer.clone());
+        let dispatch = dispatch(EnvFilter::new("info"), format, "node \"b\"", move || writer.clone(), None);
         tracing::dispatcher::with_default(&dispatch, || {
             tracing::info_span!("request", request_id = "r1")
                 .in_scope(|| tracing::info!(status = 200, "done"));

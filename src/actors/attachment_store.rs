@@ -150,18 +150,18 @@ pub struct AttachmentStoreHandle(pub(super) Addr<AttachmentStore>);
 impl AttachmentStoreHandle {
     /// Moves a staged upload into place and records it.
     pub async fn store(&self, store: Store) -> ApiResult<AttachmentCommit> {
-        super::ask(&self.0, "attachment store", store).await
+        super::ask_traced(&self.0, "attachment store", store).await
     }
 
     /// The resized copy of an image for `quality`, made on first use; `None` serves the original.
     pub async fn variant(&self, sha256: String, quality: Quality) -> ApiResult<Option<String>> {
-        super::ask(&self.0, "attachment store", Variant { sha256, quality }).await
+        super::ask_traced(&self.0, "attachment store", Variant { sha256, quality }).await
     }
 
     /// Empties the repository (through the change log) and then deletes every attachment file,
     /// with no upload or resize running in between (docs/api.md §17.3).
     pub async fn reset_repository(&self, origin: Origin) -> ApiResult<Head> {
-        super::ask(&self.0, "attachment store", ResetRepository(origin)).await
+        super::ask_traced(&self.0, "attachment store", ResetRepository(origin)).await
     }
 }
 
@@ -264,6 +264,8 @@ pub struct Store {
     pub uploaded_by: String,
     pub client_id: Option<String>,
 }
+
+super::traced!(AttachmentStore: Store, Variant, ResetRepository);
 
 impl Handler<Store> for AttachmentStore {
     type Result = ResponseFuture<ApiResult<AttachmentCommit>>;

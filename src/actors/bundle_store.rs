@@ -114,29 +114,29 @@ pub struct BundleStoreHandle(pub(super) Addr<BundleStore>);
 impl BundleStoreHandle {
     /// Resolves a target to one version; the caller then serves only from that version.
     pub async fn resolve(&self, target: Target) -> ApiResult<Arc<VersionInfo>> {
-        super::ask(&self.0, "bundle store", Resolve { target, files: false }).await
+        super::ask_traced(&self.0, "bundle store", Resolve { target, files: false }).await
     }
 
     /// Like [`Self::resolve`], for routes that read the version's files (`info.dir`, `info.zip_path`).
     pub async fn resolve_files(&self, target: Target) -> ApiResult<Arc<VersionInfo>> {
-        super::ask(&self.0, "bundle store", Resolve { target, files: true }).await
+        super::ask_traced(&self.0, "bundle store", Resolve { target, files: true }).await
     }
 
     /// Validates and stores an upload already streamed to `push.upload`, activating it if asked.
     pub async fn push(&self, push: Push) -> ApiResult<PushOutcome> {
-        super::ask(&self.0, "bundle store", push).await
+        super::ask_traced(&self.0, "bundle store", push).await
     }
 
     /// Makes `version` the active one.
     pub async fn activate(&self, version: String, origin: Origin) -> ApiResult<SwitchOutcome> {
-        super::ask(&self.0, "bundle store", Switch { version, origin }).await
+        super::ask_traced(&self.0, "bundle store", Switch { version, origin }).await
     }
 
     /// Registers a form spec sent through the API. The store is the one writer of `form_specs`
     /// (activating a bundle registers its forms), so both kinds of registration take the bundle
     /// lock and cannot interleave, in this process or another.
     pub async fn register_form_spec(&self, spec: NewFormSpec, origin: Origin) -> ApiResult<Registration> {
-        super::ask(&self.0, "bundle store", RegisterFormSpec(spec, origin)).await
+        super::ask_traced(&self.0, "bundle store", RegisterFormSpec(spec, origin)).await
     }
 }
 
@@ -154,6 +154,8 @@ struct RegisterFormSpec(NewFormSpec, Origin);
 impl Message for RegisterFormSpec {
     type Result = ApiResult<Registration>;
 }
+
+super::traced!(BundleStore: Resolve, Push, Switch, RegisterFormSpec);
 
 impl Handler<RegisterFormSpec> for BundleStore {
     type Result = ResponseFuture<ApiResult<Registration>>;

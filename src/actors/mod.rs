@@ -12,8 +12,13 @@ pub mod scope_sets;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::Poll;
+
 use actix::dev::ToEnvelope;
-use actix::{Actor, Addr, Handler, MailboxError, Message};
+use actix::fut::ActorFuture;
+use actix::{Actor, Addr, Handler, MailboxError, Message, ResponseActFuture, ResponseFuture};
+use tracing::Instrument;
 
 use crate::clock::Clock;
 use crate::config::Config;
@@ -52,6 +57,112 @@ where
 {
     addr.send(msg).await.map_err(|source| ApiError::internal(NoAnswer { actor, source }))?.map_err(Into::into)
 }
+
+/// [`ask`], with the message handled in a span of its own, a child of the sender's (the
+/// request's): the actor's log lines and database calls for it are the request's (see [`Traced`]).
+async fn ask_traced<A, M, T>(addr: &Addr<A>, actor: &'static str, msg: M) -> ApiResult<T>
+where
+    A: Actor + Handler<Traced<M>>,
+    A::Context: ToEnvelope<A, Traced<M>>,
+    M: Message<Result = ApiResult<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let message = std::any::type_name::<M>().rsplit("::").next().unwrap_or("message");
+    let span = tracing::info_span!("actor", otel.name = %format_args!("{actor}: {message}"), actor, message);
+    let traced = Traced { msg, span: span.clone() };
+    addr.send(traced)
+        .instrument(span)
+        .await
+        .map_err(|source| ApiError::internal(NoAnswer { actor, source }))?
+}
+
+/// A message and the span it is handled in. Every actor handles `Traced<M>` for each of its
+/// messages `M` (the impls below): the handler runs inside the span, and so does the future it
+/// answers with, whether it runs on its own or in the actor's context.
+pub struct Traced<M> {
+    msg: M,
+    span: tracing::Span,
+}
+
+impl<M: Message> Message for Traced<M> {
+    type Result = M::Result;
+}
+
+impl<M> Traced<M> {
+    pub fn into_parts(self) -> (M, tracing::Span) {
+        (self.msg, self.span)
+    }
+}
+
+/// An actor's answer, run inside a span.
+pub trait InSpan {
+    fn in_span(self, span: tracing::Span) -> Self;
+}
+
+impl<T: 'static> InSpan for ResponseFuture<T> {
+    fn in_span(self, span: tracing::Span) -> Self {
+        Box::pin(self.instrument(span))
+    }
+}
+
+impl<A: Actor, T: 'static> InSpan for ResponseActFuture<A, T> {
+    fn in_span(self, span: tracing::Span) -> Self {
+        Box::pin(ActInSpan { inner: self, span })
+    }
+}
+
+impl<T, E> InSpan for Result<T, E> {
+    fn in_span(self, _: tracing::Span) -> Self {
+        self
+    }
+}
+
+impl InSpan for () {
+    fn in_span(self, _: tracing::Span) -> Self {}
+}
+
+/// A future run in an actor's context (it may touch the actor's state), entered into its span
+/// on every poll.
+struct ActInSpan<A: Actor, T> {
+    inner: ResponseActFuture<A, T>,
+    span: tracing::Span,
+}
+
+impl<A: Actor, T> ActorFuture<A> for ActInSpan<A, T> {
+    type Output = T;
+
+    fn poll(
+        self: Pin<&mut Self>,
+        actor: &mut A,
+        ctx: &mut A::Context,
+        task: &mut std::task::Context<'_>,
+    ) -> Poll<T> {
+        let this = self.get_mut();
+        let _entered = this.span.enter();
+        this.inner.as_mut().poll(actor, ctx, task)
+    }
+}
+
+/// `Traced<M>` for each message `M` listed: `M`'s handler, inside the message's span. Invoked
+/// beside each actor's handlers: `traced!(Actor: MessageA, MessageB);`.
+macro_rules! traced {
+    ($actor:ty: $($message:ty),+ $(,)?) => {$(
+        impl actix::Handler<$crate::actors::Traced<$message>> for $actor {
+            type Result = <$actor as actix::Handler<$message>>::Result;
+
+            fn handle(
+                &mut self,
+                traced: $crate::actors::Traced<$message>,
+                ctx: &mut Self::Context,
+            ) -> Self::Result {
+                let (msg, span) = traced.into_parts();
+                let answer = span.in_scope(|| <$actor as actix::Handler<$message>>::handle(self, msg, ctx));
+                $crate::actors::InSpan::in_span(answer, span)
+            }
+        }
+    )+};
+}
+pub(crate) use traced;
 
 /// Starts every actor; called once by the app factory. `conn` is the database connection
 /// string, for actors that need a dedicated connection (LISTEN) or a pool of their own (exports).

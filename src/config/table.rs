@@ -452,6 +452,33 @@ pub static VARIABLES: &[Variable] = &[
             Ok(())
         },
     ),
+    Variable::optional(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "unset (no export)",
+        "An OpenTelemetry collector's OTLP/HTTP base URL (`http://host:4318`): spans go to its `/v1/traces` as protobuf (docs/operations.md)",
+        |c, raw| {
+            c.otlp_traces_endpoint = match non_blank(raw) {
+                None => None,
+                Some(raw) => Some(format!("{}/v1/traces", plain_http(raw)?.trim_end_matches('/'))),
+            };
+            Ok(())
+        },
+    ),
+    Variable::optional(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "unset",
+        "The full URL spans are sent to, instead of the one above (also turns the export on)",
+        |c, raw| {
+            if let Some(raw) = non_blank(raw) {
+                c.otlp_traces_endpoint = Some(plain_http(raw)?.to_string());
+            }
+            Ok(())
+        },
+    ),
+    Variable::defaulted("OTEL_SERVICE_NAME", "synkronus", "The `service.name` of exported spans", |c, raw| {
+        c.otel_service_name = raw.trim().to_string();
+        Ok(())
+    }),
     Variable::defaulted(
         "REQUEST_BODY_TIMEOUT_SECONDS",
         "30",
@@ -459,6 +486,16 @@ pub static VARIABLES: &[Variable] = &[
         set!(request_body_timeout = seconds),
     ),
 ];
+
+/// The span exporter speaks plain HTTP only (no TLS stack of its own): a collector beside the
+/// server, or in its private network, forwards further.
+fn plain_http(raw: &str) -> Result<&str, String> {
+    let url = raw.trim();
+    match url.strip_prefix("http://") {
+        Some(rest) if !rest.is_empty() => Ok(url),
+        _ => Err("must be an http:// URL (spans are sent over plain HTTP, to a collector nearby)".into()),
+    }
+}
 
 /// Blank counts as unset for the variables whose unset state means something.
 fn non_blank(raw: Option<&str>) -> Option<&str> {

@@ -28,6 +28,7 @@ pub struct AttachmentRow {
 const FILES_LOCK: i64 = 0x5359_4e4b_0020;
 
 /// Waits until no reset runs on any node, then keeps resets out until the transaction ends.
+#[tracing::instrument(name = "db.attachments.lock_files_shared", level = "debug", skip_all)]
 pub async fn lock_files_shared(tx: &impl GenericClient) -> DbResult<()> {
     tx.execute("SELECT pg_advisory_xact_lock_shared($1)", &[&FILES_LOCK]).await?;
     Ok(())
@@ -35,6 +36,7 @@ pub async fn lock_files_shared(tx: &impl GenericClient) -> DbResult<()> {
 
 /// Waits until no upload is between its look at the table and its commit on any node, then keeps
 /// uploads out until the transaction ends.
+#[tracing::instrument(name = "db.attachments.lock_files_exclusive", level = "debug", skip_all)]
 pub async fn lock_files_exclusive(tx: &impl GenericClient) -> DbResult<()> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&FILES_LOCK]).await?;
     Ok(())
@@ -56,6 +58,7 @@ fn from_row(r: &Row) -> AttachmentRow {
     }
 }
 
+#[tracing::instrument(name = "db.attachments.find", level = "debug", skip_all)]
 pub async fn find(db: &impl GenericClient, id: &str) -> DbResult<Option<AttachmentRow>> {
     let sql = format!("SELECT {COLUMNS} FROM attachments WHERE id = $1");
     Ok(db.query_opt(&sql, &[&id]).await?.map(|r| from_row(&r)))
@@ -74,6 +77,7 @@ pub struct NewAttachment {
 
 /// Inserts the row and counts it (src/db/stats.rs): call it in the change log's transaction. A
 /// tombstone of the same id (an imported deletion) goes in the same statement.
+#[tracing::instrument(name = "db.attachments.insert", level = "debug", skip_all)]
 pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) -> DbResult<AttachmentRow> {
     let sql = format!(
         "WITH revived AS (DELETE FROM attachment_tombstones WHERE id = $1)
@@ -92,6 +96,7 @@ pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) 
 
 /// Attachments recorded (and, with `deletions`, deleted) after a cursor, up to the snapshot head,
 /// with that head (one statement).
+#[tracing::instrument(name = "db.attachments.changes_after", level = "debug", skip_all)]
 pub async fn changes_after(
     db: &impl GenericClient,
     after: i64,
@@ -101,6 +106,7 @@ pub async fn changes_after(
 }
 
 /// Attachments recorded or deleted after a moment, up to the snapshot head, with that head.
+#[tracing::instrument(name = "db.attachments.changes_since", level = "debug", skip_all)]
 pub async fn changes_since(
     db: &impl GenericClient,
     since: DateTime<Utc>,

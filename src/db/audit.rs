@@ -24,6 +24,7 @@ pub struct AuditRow {
 }
 
 /// Appends `entry`; call it on the transaction that performs the action.
+#[tracing::instrument(name = "db.audit.append", level = "debug", skip_all)]
 pub async fn append(db: &impl GenericClient, entry: &Entry) -> DbResult<()> {
     let origin = &entry.origin;
     db.execute(
@@ -44,6 +45,7 @@ pub async fn append(db: &impl GenericClient, entry: &Entry) -> DbResult<()> {
 }
 
 /// Appends several entries of one action (in order).
+#[tracing::instrument(name = "db.audit.append_all", level = "debug", skip_all)]
 pub async fn append_all(db: &impl GenericClient, entries: &[Entry]) -> DbResult<()> {
     for entry in entries {
         append(db, entry).await?;
@@ -52,6 +54,7 @@ pub async fn append_all(db: &impl GenericClient, entries: &[Entry]) -> DbResult<
 }
 
 /// Up to `limit` entries matching `filter` with an id below `before`, newest first.
+#[tracing::instrument(name = "db.audit.list", level = "debug", skip_all)]
 pub async fn list(
     db: &impl GenericClient,
     filter: &AuditFilter,
@@ -90,6 +93,7 @@ pub async fn list(
 
 /// The retention sweep: deletes entries older than `days` days. The only statement the table's
 /// trigger lets delete, because this transaction alone sets `synkronus.audit_sweep`.
+#[tracing::instrument(name = "db.audit.sweep", level = "debug", skip_all)]
 pub async fn sweep(db: &mut deadpool_postgres::Object, days: u32) -> DbResult<u64> {
     let tx = db.transaction().await?;
     tx.batch_execute("SET LOCAL synkronus.audit_sweep = 'on'").await?;

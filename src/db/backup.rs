@@ -54,6 +54,7 @@ fn column_list(columns: &[String]) -> String {
 }
 
 /// One snapshot of the whole database, read-only: every COPY inside it sees the same moment.
+#[tracing::instrument(name = "db.backup.snapshot", level = "debug", skip_all)]
 pub async fn snapshot(client: &mut deadpool_postgres::Object) -> DbResult<Transaction<'_>> {
     let tx = client
         .build_transaction()
@@ -66,6 +67,7 @@ pub async fn snapshot(client: &mut deadpool_postgres::Object) -> DbResult<Transa
 }
 
 /// The restore's one transaction.
+#[tracing::instrument(name = "db.backup.load_transaction", level = "debug", skip_all)]
 pub async fn load_transaction(client: &mut deadpool_postgres::Object) -> DbResult<Transaction<'_>> {
     let tx = client.transaction().await?;
     tx.batch_execute(EXACT_TEXT).await?;
@@ -73,11 +75,13 @@ pub async fn load_transaction(client: &mut deadpool_postgres::Object) -> DbResul
 }
 
 /// The snapshot's time (the transaction's start).
+#[tracing::instrument(name = "db.backup.now", level = "debug", skip_all)]
 pub async fn now(db: &impl GenericClient) -> DbResult<DateTime<Utc>> {
     Ok(db.query_one("SELECT now()", &[]).await?.get(0))
 }
 
 /// Applied migrations as (version, name), oldest first; empty for a database never migrated.
+#[tracing::instrument(name = "db.backup.applied_migrations", level = "debug", skip_all)]
 pub async fn applied_migrations(db: &impl GenericClient) -> DbResult<Vec<(i64, String)>> {
     let exists: bool = db.query_one("SELECT to_regclass($1) IS NOT NULL", &[&MIGRATION_TABLE]).await?.get(0);
     if !exists {
@@ -93,6 +97,7 @@ pub async fn applied_migrations(db: &impl GenericClient) -> DbResult<Vec<(i64, S
 }
 
 /// Every ordinary table of the current schema but refinery's, by name.
+#[tracing::instrument(name = "db.backup.tables", level = "debug", skip_all)]
 pub async fn tables(db: &impl GenericClient) -> DbResult<Vec<Table>> {
     let rows = db
         .query(
@@ -114,6 +119,7 @@ pub async fn tables(db: &impl GenericClient) -> DbResult<Vec<Table>> {
 }
 
 /// (referencing table, referenced table) for every foreign key inside the current schema.
+#[tracing::instrument(name = "db.backup.foreign_keys", level = "debug", skip_all)]
 pub async fn foreign_keys(db: &impl GenericClient) -> DbResult<Vec<(String, String)>> {
     let rows = db
         .query(
@@ -131,6 +137,7 @@ pub async fn foreign_keys(db: &impl GenericClient) -> DbResult<Vec<(String, Stri
 
 /// Every sequence of the current schema. Sequences are outside snapshots: read after the tables,
 /// a value is at least what any copied row used.
+#[tracing::instrument(name = "db.backup.sequences", level = "debug", skip_all)]
 pub async fn sequences(db: &impl GenericClient) -> DbResult<Vec<Sequence>> {
     let rows = db
         .query(
@@ -143,24 +150,28 @@ pub async fn sequences(db: &impl GenericClient) -> DbResult<Vec<Sequence>> {
 }
 
 /// The table's rows in COPY text format, streamed.
+#[tracing::instrument(name = "db.backup.copy_out", level = "debug", skip_all)]
 pub async fn copy_out(db: &Transaction<'_>, table: &Table) -> DbResult<CopyOutStream> {
     let sql = format!("COPY {} ({}) TO STDOUT", quote_ident(&table.name), column_list(&table.columns));
     Ok(db.copy_out(&sql).await?)
 }
 
 /// A sink taking COPY text format for the table.
+#[tracing::instrument(name = "db.backup.copy_in", level = "debug", skip_all)]
 pub async fn copy_in(db: &Transaction<'_>, table: &str, columns: &[String]) -> DbResult<CopyInSink<Bytes>> {
     let sql = format!("COPY {} ({}) FROM STDIN", quote_ident(table), column_list(columns));
     Ok(db.copy_in(&sql).await?)
 }
 
 /// The distinct attachment contents (sha256) the snapshot refers to.
+#[tracing::instrument(name = "db.backup.attachment_hashes", level = "debug", skip_all)]
 pub async fn attachment_hashes(db: &impl GenericClient) -> DbResult<Vec<String>> {
     let rows = db.query("SELECT DISTINCT sha256 FROM attachments ORDER BY 1", &[]).await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// Bundle versions whose files exist (retention marks removed ones and deletes their files).
+#[tracing::instrument(name = "db.backup.stored_bundle_versions", level = "debug", skip_all)]
 pub async fn stored_bundle_versions(db: &impl GenericClient) -> DbResult<Vec<String>> {
     let rows =
         db.query("SELECT version FROM bundle_versions WHERE removed_at IS NULL ORDER BY seq", &[]).await?;
@@ -168,6 +179,7 @@ pub async fn stored_bundle_versions(db: &impl GenericClient) -> DbResult<Vec<Str
 }
 
 /// Sessions on this database other than ours: a server still running on the restore target.
+#[tracing::instrument(name = "db.backup.other_sessions", level = "debug", skip_all)]
 pub async fn other_sessions(db: &impl GenericClient) -> DbResult<i64> {
     Ok(db
         .query_one(
@@ -180,6 +192,7 @@ pub async fn other_sessions(db: &impl GenericClient) -> DbResult<i64> {
 }
 
 /// What the (migrated) target holds.
+#[tracing::instrument(name = "db.backup.target_contents", level = "debug", skip_all)]
 pub async fn target_contents(db: &impl GenericClient) -> DbResult<TargetContents> {
     let row = db
         .query_one(
@@ -198,6 +211,7 @@ pub async fn target_contents(db: &impl GenericClient) -> DbResult<TargetContents
 }
 
 /// Empties every listed table at once (foreign keys among them allow it only together).
+#[tracing::instrument(name = "db.backup.truncate", level = "debug", skip_all)]
 pub async fn truncate(db: &Transaction<'_>, tables: &[Table]) -> DbResult<()> {
     if tables.is_empty() {
         return Ok(());
@@ -211,6 +225,7 @@ pub async fn truncate(db: &Transaction<'_>, tables: &[Table]) -> DbResult<()> {
 }
 
 /// Puts a sequence back where the archive found it (or at its start when it was never used).
+#[tracing::instrument(name = "db.backup.set_sequence", level = "debug", skip_all)]
 pub async fn set_sequence(db: &Transaction<'_>, sequence: &Sequence) -> DbResult<()> {
     let name = quote_ident(&sequence.name);
     match sequence.last_value {
@@ -224,6 +239,7 @@ pub async fn set_sequence(db: &Transaction<'_>, sequence: &Sequence) -> DbResult
 
 /// Raises the repository generation (docs/api.md §17.2) above both the restored one and `replaced`
 /// (the target's before the restore), and returns it.
+#[tracing::instrument(name = "db.backup.raise_generation", level = "debug", skip_all)]
 pub async fn raise_generation(db: &Transaction<'_>, replaced: i64) -> DbResult<i64> {
     Ok(db
         .query_one(

@@ -37,16 +37,19 @@ fn version_from_row(row: &tokio_postgres::Row) -> VersionRow {
 }
 
 /// Takes the bundle lock until the end of the surrounding transaction.
+#[tracing::instrument(name = "db.bundles.lock", level = "debug", skip_all)]
 pub async fn lock(db: &impl GenericClient) -> DbResult<()> {
     db.execute("SELECT pg_advisory_xact_lock($1)", &[&BUNDLE_LOCK_KEY]).await?;
     Ok(())
 }
 
 /// Whether an id was ever assigned, including to versions that retention removed.
+#[tracing::instrument(name = "db.bundles.id_used", level = "debug", skip_all)]
 pub async fn id_used(db: &impl GenericClient, version: &str) -> DbResult<bool> {
     Ok(db.query_opt("SELECT 1 FROM bundle_versions WHERE version = $1", &[&version]).await?.is_some())
 }
 
+#[tracing::instrument(name = "db.bundles.insert", level = "debug", skip_all)]
 pub async fn insert(
     db: &impl GenericClient,
     version: &str,
@@ -65,12 +68,14 @@ pub async fn insert(
 }
 
 /// A version that still exists (not removed by retention).
+#[tracing::instrument(name = "db.bundles.find", level = "debug", skip_all)]
 pub async fn find(db: &impl GenericClient, version: &str) -> DbResult<Option<VersionRow>> {
     let sql = format!("SELECT {COLUMNS} FROM bundle_versions WHERE version = $1 AND removed_at IS NULL");
     Ok(db.query_opt(&sql, &[&version]).await?.map(|row| version_from_row(&row)))
 }
 
 /// The most recently uploaded version that still exists.
+#[tracing::instrument(name = "db.bundles.newest", level = "debug", skip_all)]
 pub async fn newest(db: &impl GenericClient) -> DbResult<Option<VersionRow>> {
     let sql =
         format!("SELECT {COLUMNS} FROM bundle_versions WHERE removed_at IS NULL ORDER BY seq DESC LIMIT 1");
@@ -87,6 +92,7 @@ pub struct VersionSummary {
 }
 
 /// Existing versions, newest (most recently uploaded) first.
+#[tracing::instrument(name = "db.bundles.list", level = "debug", skip_all)]
 pub async fn list(db: &impl GenericClient) -> DbResult<Vec<VersionSummary>> {
     let rows = db
         .query(
@@ -108,6 +114,7 @@ pub async fn list(db: &impl GenericClient) -> DbResult<Vec<VersionSummary>> {
 }
 
 /// The active version (if any) and the pointer's generation.
+#[tracing::instrument(name = "db.bundles.active", level = "debug", skip_all)]
 pub async fn active(db: &impl GenericClient) -> DbResult<(Option<String>, i64)> {
     let row = db.query_one("SELECT version, generation FROM bundle_active", &[]).await?;
     Ok((row.get(0), row.get(1)))
@@ -115,6 +122,7 @@ pub async fn active(db: &impl GenericClient) -> DbResult<(Option<String>, i64)> 
 
 /// Points at `version` and announces it to every process once the transaction commits.
 /// Returns the new generation.
+#[tracing::instrument(name = "db.bundles.set_active", level = "debug", skip_all)]
 pub async fn set_active(db: &impl GenericClient, version: &str) -> DbResult<i64> {
     let row = db
         .query_one(
@@ -128,6 +136,7 @@ pub async fn set_active(db: &impl GenericClient, version: &str) -> DbResult<i64>
 }
 
 /// Whether `version` was uploaded before `other` (a switch to it is a rollback).
+#[tracing::instrument(name = "db.bundles.uploaded_before", level = "debug", skip_all)]
 pub async fn uploaded_before(db: &impl GenericClient, version: &str, other: &str) -> DbResult<bool> {
     let row = db
         .query_one(
@@ -141,6 +150,7 @@ pub async fn uploaded_before(db: &impl GenericClient, version: &str, other: &str
 
 /// Versions retention removes (docs/api.md §9.3): while more than `keep` exist, the oldest that is
 /// neither active nor `just_uploaded`. Call under the bundle lock.
+#[tracing::instrument(name = "db.bundles.retention_victims", level = "debug", skip_all)]
 pub async fn retention_victims(
     db: &impl GenericClient,
     keep: usize,
@@ -171,6 +181,7 @@ pub async fn retention_victims(
 }
 
 /// Marks versions removed; their ids stay taken forever.
+#[tracing::instrument(name = "db.bundles.mark_removed", level = "debug", skip_all)]
 pub async fn mark_removed(db: &impl GenericClient, versions: &[String]) -> DbResult<()> {
     db.execute(
         "UPDATE bundle_versions SET removed_at = now() WHERE version = ANY($1) AND removed_at IS NULL",
@@ -182,6 +193,7 @@ pub async fn mark_removed(db: &impl GenericClient, versions: &[String]) -> DbRes
 
 /// Opens a dedicated connection that LISTENs on [`SWITCH_CHANNEL`]. The receiver yields one
 /// item per notification and ends when the connection is lost; keep the client alive meanwhile.
+#[tracing::instrument(name = "db.bundles.listen_for_switches", level = "debug", skip_all)]
 pub async fn listen_for_switches(
     conn: &str,
 ) -> anyhow::Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<()>)> {

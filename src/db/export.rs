@@ -31,6 +31,7 @@ const ROW_COLUMNS: &str = "id, form_type, form_version, data, deleted, created_a
 
 /// Starts the export's snapshot on `tx` (which must have been opened REPEATABLE READ READ ONLY)
 /// and returns its head: every row read later in `tx` is at or below it.
+#[tracing::instrument(name = "db.export.snapshot_head", level = "debug", skip_all)]
 pub async fn snapshot_head(
     tx: &Transaction<'_>,
     filter: &ExportFilter,
@@ -52,6 +53,7 @@ pub async fn snapshot_head(
 }
 
 /// The head as of now, for HEAD requests that only need the header.
+#[tracing::instrument(name = "db.export.current_head", level = "debug", skip_all)]
 pub async fn current_head(db: &impl GenericClient) -> DbResult<i64> {
     Ok(db.query_one("SELECT head FROM change_head", &[]).await?.get(0))
 }
@@ -61,6 +63,7 @@ fn params<'a>(filter: &'a ExportFilter, head: &'a i64) -> [&'a (dyn ToSql + Sync
 }
 
 /// The distinct form types the filter selects, in byte order (so entry names are stable).
+#[tracing::instrument(name = "db.export.form_types", level = "debug", skip_all)]
 pub async fn form_types(
     tx: &Transaction<'_>,
     filter: &ExportFilter,
@@ -75,6 +78,7 @@ pub async fn form_types(
 }
 
 /// How many rows the export will write (job progress).
+#[tracing::instrument(name = "db.export.count", level = "debug", skip_all)]
 pub async fn count(
     tx: &Transaction<'_>,
     filter: &ExportFilter,
@@ -90,6 +94,7 @@ pub async fn count(
 /// table straight through instead of along the change_id index (a third less time per row when
 /// the export covers most of the table). One form type's rows in order come from
 /// [`TypeRows`] instead.
+#[tracing::instrument(name = "db.export.open_rows", level = "debug", skip_all)]
 pub async fn open_rows(
     tx: &Transaction<'_>,
     filter: &ExportFilter,
@@ -126,6 +131,7 @@ pub struct TypeRows<'a> {
 }
 
 impl<'a> TypeRows<'a> {
+    #[tracing::instrument(name = "db.export.open", level = "debug", skip_all)]
     pub async fn open(
         tx: &Transaction<'_>,
         filter: &'a ExportFilter,
@@ -148,6 +154,7 @@ impl<'a> TypeRows<'a> {
     }
 
     /// The next page of at most `limit` rows.
+    #[tracing::instrument(name = "db.export.next", level = "debug", skip_all)]
     pub async fn next(
         &self,
         tx: &Transaction<'_>,
@@ -165,6 +172,7 @@ impl<'a> TypeRows<'a> {
 }
 
 /// The next batch of `data` texts from an `open_rows(.., data_only = true)` portal.
+#[tracing::instrument(name = "db.export.fetch_data", level = "debug", skip_all)]
 pub async fn fetch_data(
     tx: &Transaction<'_>,
     portal: &Portal,
@@ -174,6 +182,7 @@ pub async fn fetch_data(
 }
 
 /// The next batch of rows from an `open_rows(.., data_only = false)` portal.
+#[tracing::instrument(name = "db.export.fetch_rows", level = "debug", skip_all)]
 pub async fn fetch_rows(
     tx: &Transaction<'_>,
     portal: &Portal,

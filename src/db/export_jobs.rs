@@ -21,6 +21,7 @@ pub struct NewJob {
     pub created_at: DateTime<Utc>,
 }
 
+#[tracing::instrument(name = "db.export_jobs.insert", level = "debug", skip_all)]
 pub async fn insert(db: &impl GenericClient, job: &NewJob) -> DbResult<()> {
     db.execute(
         "INSERT INTO export_jobs (id, owner, format, filters, state, node, lease_expires_at, file_name, created_at)
@@ -47,6 +48,7 @@ pub struct StoredJob {
     pub file_name: String,
 }
 
+#[tracing::instrument(name = "db.export_jobs.find", level = "debug", skip_all)]
 pub async fn find(db: &impl GenericClient, id: &str) -> DbResult<Option<StoredJob>> {
     let row = db
         .query_opt(
@@ -96,6 +98,7 @@ pub struct JobReport {
 
 /// Writes `report` and the lease of `node`'s job `id`. False when the job is no longer that node's
 /// unfinished job: a sweep failed it (the lease had run out) or it is gone.
+#[tracing::instrument(name = "db.export_jobs.report", level = "debug", skip_all)]
 pub async fn report(
     db: &impl GenericClient,
     id: &str,
@@ -129,6 +132,7 @@ pub async fn report(
 
 /// Fails every unfinished job whose lease ran out before `now`: its node died (or lost the
 /// database for longer than a lease). Returns (job, node) of each.
+#[tracing::instrument(name = "db.export_jobs.fail_abandoned", level = "debug", skip_all)]
 pub async fn fail_abandoned(
     db: &impl GenericClient,
     now: DateTime<Utc>,
@@ -149,6 +153,7 @@ pub async fn fail_abandoned(
 }
 
 /// Removes the jobs past their expiry; returns their file names, for the caller to delete.
+#[tracing::instrument(name = "db.export_jobs.delete_expired", level = "debug", skip_all)]
 pub async fn delete_expired(db: &impl GenericClient, now: DateTime<Utc>) -> DbResult<Vec<String>> {
     let rows =
         db.query("DELETE FROM export_jobs WHERE expires_at <= $1 RETURNING file_name", &[&now]).await?;

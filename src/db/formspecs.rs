@@ -62,6 +62,7 @@ fn summary_from_row(row: &Row) -> FormSpecSummary {
 /// Stores a spec unless its (formType, version) exists. Only the `BundleStore` calls this (and
 /// `register_bundle_forms`): it is the one writer of `form_specs`, under the bundle lock. Content is compared as jsonb, which
 /// ignores key order and formatting: the canonical-JSON comparison of docs/api.md §11.1.
+#[tracing::instrument(name = "db.formspecs.register", level = "debug", skip_all)]
 pub async fn register(
     db: &impl GenericClient,
     form_type: &str,
@@ -88,6 +89,7 @@ pub async fn register(
 
 /// Registers the forms of a bundle version that becomes active (docs/api.md §11.2) and remembers
 /// them for the record-validation fallback. Returns the forms whose existing spec was kept.
+#[tracing::instrument(name = "db.formspecs.register_bundle_forms", level = "debug", skip_all)]
 pub async fn register_bundle_forms(
     db: &impl GenericClient,
     bundle_version: &str,
@@ -113,6 +115,7 @@ pub async fn register_bundle_forms(
 }
 
 /// Every spec, sorted by form type (byte order), then newest first.
+#[tracing::instrument(name = "db.formspecs.list", level = "debug", skip_all)]
 pub async fn list(db: &impl GenericClient) -> DbResult<Vec<FormSpecSummary>> {
     let rows = db
         .query(
@@ -125,6 +128,7 @@ pub async fn list(db: &impl GenericClient) -> DbResult<Vec<FormSpecSummary>> {
 }
 
 /// The versions of one form type, newest first.
+#[tracing::instrument(name = "db.formspecs.versions_of", level = "debug", skip_all)]
 pub async fn versions_of(db: &impl GenericClient, form_type: &str) -> DbResult<Vec<FormSpecSummary>> {
     let rows = db
         .query(
@@ -136,6 +140,7 @@ pub async fn versions_of(db: &impl GenericClient, form_type: &str) -> DbResult<V
     Ok(rows.iter().map(summary_from_row).collect())
 }
 
+#[tracing::instrument(name = "db.formspecs.get", level = "debug", skip_all)]
 pub async fn get(db: &impl GenericClient, form_type: &str, version: &str) -> DbResult<Option<FormSpecRow>> {
     let sql = format!("SELECT {COLUMNS} FROM form_specs WHERE form_type = $1 AND version = $2");
     Ok(db.query_opt(&sql, &[&form_type, &version]).await?.map(|row| spec_from_row(&row)))
@@ -144,6 +149,7 @@ pub async fn get(db: &impl GenericClient, form_type: &str, version: &str) -> DbR
 /// The JSON Schema to check a record of (form type, form version) against (docs/api.md §8.4): the
 /// spec registered for exactly that pair, else the schema the active bundle carries for that
 /// form type, else `None` (the check is skipped).
+#[tracing::instrument(name = "db.formspecs.spec_for", level = "debug", skip_all)]
 pub async fn spec_for(
     db: &impl GenericClient,
     form_type: &str,

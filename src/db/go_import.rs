@@ -21,6 +21,7 @@ pub struct TargetState {
 }
 
 /// `None` when the schema is not there yet (a dry run against a database never migrated).
+#[tracing::instrument(name = "db.go_import.target_state", level = "debug", skip_all)]
 pub async fn target_state(db: &impl GenericClient) -> DbResult<Option<TargetState>> {
     let migrated: bool =
         db.query_one("SELECT to_regclass('attachment_tombstones') IS NOT NULL", &[]).await?.get(0);
@@ -49,6 +50,7 @@ pub async fn target_state(db: &impl GenericClient) -> DbResult<Option<TargetStat
 
 /// Removes the bootstrap admin (and, by cascade, its tokens and presence): the source's users
 /// replace it.
+#[tracing::instrument(name = "db.go_import.remove_users", level = "debug", skip_all)]
 pub async fn remove_users(db: &impl GenericClient) -> DbResult<()> {
     db.batch_execute("DELETE FROM revoked_tokens; DELETE FROM users;").await?;
     Ok(())
@@ -62,6 +64,7 @@ pub struct NewUser {
     pub created_at: DateTime<Utc>,
 }
 
+#[tracing::instrument(name = "db.go_import.insert_users", level = "debug", skip_all)]
 pub async fn insert_users(db: &impl GenericClient, users: &[NewUser]) -> DbResult<()> {
     let ids: Vec<uuid::Uuid> = users.iter().map(|u| u.id).collect();
     let names: Vec<&str> = users.iter().map(|u| u.username.as_str()).collect();
@@ -97,6 +100,7 @@ pub struct NewRecord {
 /// One binary `COPY` per batch (about twice the rate of a multi-row insert), of the record row's
 /// columns (`db::record_row`); the JSON columns go as the source's text: `data` is the text of the
 /// source's `jsonb`, valid by construction, and PostgreSQL checks `geolocation` and `tags`.
+#[tracing::instrument(name = "db.go_import.insert_records", level = "debug", skip_all)]
 pub async fn insert_records(db: &tokio_postgres::Transaction<'_>, records: &[NewRecord]) -> DbResult<()> {
     let mut rows = Rows::with_capacity(records.len());
     for r in records {
@@ -138,6 +142,7 @@ pub struct NewAttachment {
     pub change_id: i64,
 }
 
+#[tracing::instrument(name = "db.go_import.insert_attachments", level = "debug", skip_all)]
 pub async fn insert_attachments(db: &impl GenericClient, batch: &[NewAttachment]) -> DbResult<()> {
     let (current, deleted): (Vec<&NewAttachment>, Vec<&NewAttachment>) =
         batch.iter().partition(|a| a.sha256.is_some());
@@ -171,6 +176,7 @@ pub async fn insert_attachments(db: &impl GenericClient, batch: &[NewAttachment]
 }
 
 /// Sets the head and the generation, and counts the statistics from the imported rows.
+#[tracing::instrument(name = "db.go_import.finish", level = "debug", skip_all)]
 pub async fn finish(db: &impl GenericClient, head: i64, generation: i64) -> DbResult<()> {
     db.execute("UPDATE change_head SET head = $1, repository_generation = $2", &[&head, &generation]).await?;
     super::stats::recount(db).await?;
@@ -179,6 +185,7 @@ pub async fn finish(db: &impl GenericClient, head: i64, generation: i64) -> DbRe
 
 /// change_ids used twice across records, attachments and tombstones (a source whose versions
 /// were not unique): at most `limit` of them.
+#[tracing::instrument(name = "db.go_import.duplicate_change_ids", level = "debug", skip_all)]
 pub async fn duplicate_change_ids(db: &impl GenericClient, limit: i64) -> DbResult<Vec<i64>> {
     let rows = db
         .query(
@@ -205,6 +212,7 @@ pub struct TargetCounts {
     pub active_bundle: Option<String>,
 }
 
+#[tracing::instrument(name = "db.go_import.counts", level = "debug", skip_all)]
 pub async fn counts(db: &impl GenericClient) -> DbResult<TargetCounts> {
     let r = db
         .query_one(

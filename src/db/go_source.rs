@@ -9,6 +9,7 @@ use crate::db::DbResult;
 use crate::domain::go_import::SchemaFacts;
 
 /// One connection to the source, its driver running on a task of its own.
+#[tracing::instrument(name = "db.go_source.connect", level = "debug", skip_all)]
 pub async fn connect(conn: &str) -> anyhow::Result<Client> {
     let config = super::parse_connection(conn).map_err(anyhow::Error::msg)?;
     let unix_only = config.get_hosts().iter().all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
@@ -27,6 +28,7 @@ pub async fn connect(conn: &str) -> anyhow::Result<Client> {
 }
 
 /// The one snapshot everything is read from.
+#[tracing::instrument(name = "db.go_source.snapshot", level = "debug", skip_all)]
 pub async fn snapshot(client: &mut Client) -> DbResult<Transaction<'_>> {
     Ok(client
         .build_transaction()
@@ -36,6 +38,7 @@ pub async fn snapshot(client: &mut Client) -> DbResult<Transaction<'_>> {
         .await?)
 }
 
+#[tracing::instrument(name = "db.go_source.schema_facts", level = "debug", skip_all)]
 pub async fn schema_facts(tx: &Transaction<'_>) -> DbResult<SchemaFacts> {
     let rows = tx
         .query(
@@ -66,6 +69,7 @@ pub async fn schema_facts(tx: &Transaction<'_>) -> DbResult<SchemaFacts> {
 }
 
 /// The counter's last value and the repository generation (1 when the source has none).
+#[tracing::instrument(name = "db.go_source.counter", level = "debug", skip_all)]
 pub async fn counter(db: &impl tokio_postgres::GenericClient, facts: &SchemaFacts) -> DbResult<(i64, i64)> {
     let generation = if facts.has_generation { "coalesce(repository_generation, 1)" } else { "1" };
     let sql =
@@ -86,6 +90,7 @@ pub struct SourceCounts {
     pub highest_version: i64,
 }
 
+#[tracing::instrument(name = "db.go_source.counts", level = "debug", skip_all)]
 pub async fn counts(tx: &Transaction<'_>, facts: &SchemaFacts) -> DbResult<SourceCounts> {
     let presence =
         if facts.has_presence { "(SELECT count(*) FROM user_client_presence)" } else { "0::bigint" };
@@ -123,12 +128,14 @@ pub struct GoUser {
 }
 
 /// Opens the users stream (by username).
+#[tracing::instrument(name = "db.go_source.users", level = "debug", skip_all)]
 pub async fn users(tx: &Transaction<'_>) -> DbResult<Portal> {
     let sql = "SELECT id::text, username::text, coalesce(password_hash, '')::text, coalesce(role, '')::text,
                       created_at::timestamptz FROM users ORDER BY username";
     Ok(tx.bind(sql, &[]).await?)
 }
 
+#[tracing::instrument(name = "db.go_source.next_users", level = "debug", skip_all)]
 pub async fn next_users(tx: &Transaction<'_>, portal: &Portal, n: i32) -> DbResult<Vec<GoUser>> {
     let rows = tx.query_portal(portal, n).await?;
     Ok(rows
@@ -163,6 +170,7 @@ pub struct GoObservation {
 
 /// Opens the observations stream, in version order. `tags` may be a text array or jsonb:
 /// `to_json` gives the same JSON array for both.
+#[tracing::instrument(name = "db.go_source.observations", level = "debug", skip_all)]
 pub async fn observations(tx: &Transaction<'_>, facts: &SchemaFacts) -> DbResult<Portal> {
     let optional =
         |present: bool, expr: &str| if present { expr.to_string() } else { "NULL::text".to_string() };
@@ -178,6 +186,7 @@ pub async fn observations(tx: &Transaction<'_>, facts: &SchemaFacts) -> DbResult
     Ok(tx.bind(sql.as_str(), &[]).await?)
 }
 
+#[tracing::instrument(name = "db.go_source.next_observations", level = "debug", skip_all)]
 pub async fn next_observations(
     tx: &Transaction<'_>,
     portal: &Portal,
@@ -217,11 +226,13 @@ pub struct GoAttachment {
 }
 
 /// Opens the stream of each attachment's latest operation, in version order.
+#[tracing::instrument(name = "db.go_source.attachments", level = "debug", skip_all)]
 pub async fn attachments(tx: &Transaction<'_>) -> DbResult<Portal> {
     let sql = format!("SELECT * FROM ({LATEST_OPERATIONS}) latest ORDER BY version");
     Ok(tx.bind(sql.as_str(), &[]).await?)
 }
 
+#[tracing::instrument(name = "db.go_source.next_attachments", level = "debug", skip_all)]
 pub async fn next_attachments(tx: &Transaction<'_>, portal: &Portal, n: i32) -> DbResult<Vec<GoAttachment>> {
     let rows = tx.query_portal(portal, n).await?;
     Ok(rows
@@ -249,6 +260,7 @@ pub struct GoPresence {
 }
 
 /// Every presence row (a few per device: read at once).
+#[tracing::instrument(name = "db.go_source.presence", level = "debug", skip_all)]
 pub async fn presence(tx: &Transaction<'_>) -> DbResult<Vec<GoPresence>> {
     let rows = tx
         .query(

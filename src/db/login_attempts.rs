@@ -19,6 +19,7 @@ pub enum Attempt {
 
 /// Counts an attempt if fewer than `per_minute` were counted in the last 60 s. One statement:
 /// concurrent attempts on any node queue on the row's lock, so the limit is exact.
+#[tracing::instrument(name = "db.login_attempts.attempt", level = "debug", skip_all)]
 pub async fn attempt(
     db: &impl GenericClient,
     ip: IpAddr,
@@ -46,6 +47,7 @@ pub async fn attempt(
 }
 
 /// Removes the rows whose newest attempt has left the window; returns how many went.
+#[tracing::instrument(name = "db.login_attempts.sweep", level = "debug", skip_all)]
 pub async fn sweep(db: &impl GenericClient) -> DbResult<u64> {
     Ok(db
         .execute(

@@ -15,6 +15,7 @@ pub struct PresenceUpsert {
 }
 
 /// One statement for the whole batch; rows of users deleted meanwhile are skipped.
+#[tracing::instrument(name = "db.presence.upsert_many", level = "debug", skip_all)]
 pub async fn upsert_many(db: &impl GenericClient, batch: &[PresenceUpsert]) -> DbResult<()> {
     let usernames: Vec<&str> = batch.iter().map(|p| p.username.as_str()).collect();
     let client_ids: Vec<&str> = batch.iter().map(|p| p.client_id.as_str()).collect();
@@ -50,6 +51,7 @@ pub struct DeviceRow {
 
 /// Devices, optionally of one user and/or last seen before `seen_before` (the caller's clock,
 /// which also stamped the sightings), by last sighting.
+#[tracing::instrument(name = "db.presence.list", level = "debug", skip_all)]
 pub async fn list(
     db: &impl GenericClient,
     username: Option<&str>,
@@ -86,6 +88,7 @@ pub async fn list(
 }
 
 /// Every device row, for attaching presence to the user list.
+#[tracing::instrument(name = "db.presence.all_by_user", level = "debug", skip_all)]
 pub async fn all_by_user(
     db: &impl GenericClient,
 ) -> DbResult<std::collections::HashMap<String, Vec<DeviceRow>>> {

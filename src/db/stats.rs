@@ -43,6 +43,7 @@ pub(crate) static COUNT_CHANGES_SQL: LazyLock<String> = LazyLock::new(|| {
 /// Moves the counts from the stored state of `replaced_ids` to `new_states` (form type, creation
 /// time, deleted) in one statement. Call it before the records are written: the replaced records'
 /// counted state is read from their rows.
+#[tracing::instrument(name = "db.stats.count_changes", level = "debug", skip_all)]
 pub async fn count_changes<'a>(
     db: &impl GenericClient,
     replaced_ids: &[&str],
@@ -85,12 +86,14 @@ pub async fn count_changes<'a>(
 }
 
 /// The repository reset (docs/api.md §17.3) empties every count with the rows.
+#[tracing::instrument(name = "db.stats.clear", level = "debug", skip_all)]
 pub async fn clear(db: &impl GenericClient) -> DbResult<()> {
     db.batch_execute("DELETE FROM observation_counts; UPDATE attachment_count SET n = 0;").await?;
     Ok(())
 }
 
 /// One more attachment row.
+#[tracing::instrument(name = "db.stats.count_attachment", level = "debug", skip_all)]
 pub async fn count_attachment(db: &impl GenericClient) -> DbResult<()> {
     db.execute("UPDATE attachment_count SET n = n + 1", &[]).await?;
     Ok(())
@@ -99,6 +102,7 @@ pub async fn count_attachment(db: &impl GenericClient) -> DbResult<()> {
 /// Counts everything again from the rows, under the change-log lock the caller's transaction
 /// holds: for an operator who changed rows by hand, and for benchmarks that seed rows with SQL.
 /// Returns the number of records counted.
+#[tracing::instrument(name = "db.stats.recount", level = "debug", skip_all)]
 pub async fn recount(db: &impl GenericClient) -> DbResult<i64> {
     db.batch_execute(&format!(
         "DELETE FROM observation_counts;
@@ -159,6 +163,7 @@ UNION ALL
 SELECT 'unit', NULL, NULL, 0, (SELECT unit FROM span), now()
 "#;
 
+#[tracing::instrument(name = "db.stats.observation_stats", level = "debug", skip_all)]
 pub async fn observation_stats(db: &impl GenericClient) -> DbResult<ObservationStats> {
     let rows = db.query(STATS_SQL, &[]).await?;
     let mut stats = ObservationStats { bucket_unit: "day".into(), ..Default::default() };

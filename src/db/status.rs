@@ -11,6 +11,7 @@ pub struct Counts {
     pub active_bundle_version: Option<String>,
 }
 
+#[tracing::instrument(name = "db.status.counts", level = "debug", skip_all)]
 pub async fn counts(db: &impl GenericClient) -> DbResult<Counts> {
     // The kept counts (src/db/stats.rs), read in the same statement as the head: counting
     // millions of rows would take seconds.
@@ -31,18 +32,21 @@ pub async fn counts(db: &impl GenericClient) -> DbResult<Counts> {
 }
 
 /// A round trip that touches no table: is the database answering at all?
+#[tracing::instrument(name = "db.status.ping", level = "debug", skip_all)]
 pub async fn ping(db: &impl GenericClient) -> DbResult<()> {
     db.batch_execute("SELECT 1").await?;
     Ok(())
 }
 
 /// The server's `version()` string and the database name.
+#[tracing::instrument(name = "db.status.server_version", level = "debug", skip_all)]
 pub async fn server_version(db: &impl GenericClient) -> DbResult<(String, String)> {
     let row = db.query_one("SELECT version(), current_database()", &[]).await?;
     Ok((row.get(0), row.get(1)))
 }
 
 /// The change head and the active bundle version, shared by every process on this database.
+#[tracing::instrument(name = "db.status.head_and_active_bundle", level = "debug", skip_all)]
 pub async fn head_and_active_bundle(db: &impl GenericClient) -> DbResult<(i64, Option<String>)> {
     let row = db
         .query_one("SELECT (SELECT head FROM change_head), (SELECT version FROM bundle_active)", &[])
@@ -58,6 +62,7 @@ pub struct ReplicaPosition {
     pub lag_seconds: f64,
 }
 
+#[tracing::instrument(name = "db.status.replica_position", level = "debug", skip_all)]
 pub async fn replica_position(db: &impl GenericClient) -> DbResult<ReplicaPosition> {
     let row = db
         .query_one(

@@ -47,10 +47,12 @@ fn user_from_row(row: &Row) -> UserRow {
 /// Serialises admin-count-sensitive changes so two concurrent demotions cannot remove the last admin.
 const ADMIN_CHANGE_LOCK: i64 = 0x5359_4e4b_0002;
 
+#[tracing::instrument(name = "db.users.count", level = "debug", skip_all)]
 pub async fn count(db: &impl GenericClient) -> DbResult<i64> {
     Ok(db.query_one("SELECT count(*) FROM users", &[]).await?.get(0))
 }
 
+#[tracing::instrument(name = "db.users.insert", level = "debug", skip_all)]
 pub async fn insert(
     db: &impl GenericClient,
     username: &str,
@@ -71,6 +73,7 @@ pub async fn insert(
 }
 
 /// Creates a user and records it in the audit log, in one transaction.
+#[tracing::instrument(name = "db.users.create", level = "debug", skip_all)]
 pub async fn create(
     db: &mut deadpool_postgres::Object,
     username: &str,
@@ -90,25 +93,30 @@ pub async fn create(
     Ok(user)
 }
 
+#[tracing::instrument(name = "db.users.find_by_username", level = "debug", skip_all)]
 pub async fn find_by_username(db: &impl GenericClient, username: &str) -> DbResult<Option<UserRow>> {
     let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE username = $1");
     Ok(db.query_opt(&sql, &[&username]).await?.map(|r| user_from_row(&r)))
 }
 
+#[tracing::instrument(name = "db.users.find_by_id", level = "debug", skip_all)]
 pub async fn find_by_id(db: &impl GenericClient, id: Uuid) -> DbResult<Option<UserRow>> {
     let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1");
     Ok(db.query_opt(&sql, &[&id]).await?.map(|r| user_from_row(&r)))
 }
 
+#[tracing::instrument(name = "db.users.list", level = "debug", skip_all)]
 pub async fn list(db: &impl GenericClient) -> DbResult<Vec<UserRow>> {
     let sql = format!("SELECT {USER_COLUMNS} FROM users ORDER BY username COLLATE \"C\"");
     Ok(db.query(&sql, &[]).await?.iter().map(user_from_row).collect())
 }
 
+#[tracing::instrument(name = "db.users.token_generation", level = "debug", skip_all)]
 pub async fn token_generation(db: &impl GenericClient, id: Uuid) -> DbResult<Option<i64>> {
     Ok(db.query_opt("SELECT token_generation FROM users WHERE id = $1", &[&id]).await?.map(|r| r.get(0)))
 }
 
+#[tracing::instrument(name = "db.users.touch_last_login", level = "debug", skip_all)]
 pub async fn touch_last_login(db: &impl GenericClient, id: Uuid) -> DbResult<DateTime<Utc>> {
     Ok(db
         .query_one("UPDATE users SET last_login = now() WHERE id = $1 RETURNING last_login", &[&id])
@@ -134,6 +142,7 @@ fn facts(user: &UserRow) -> DbResult<UserFacts> {
 
 /// Applies an update atomically, with its audit entries; refuses to demote the last admin.
 /// Returns `None` for an unknown user.
+#[tracing::instrument(name = "db.users.update", level = "debug", skip_all)]
 pub async fn update(
     db: &mut deadpool_postgres::Object,
     username: &str,
@@ -188,6 +197,7 @@ pub async fn update(
 
 /// Sets a new password, invalidates the user's access tokens and revokes all refresh tokens;
 /// `entry` (a reset or a change) is appended in the same transaction.
+#[tracing::instrument(name = "db.users.set_password", level = "debug", skip_all)]
 pub async fn set_password(
     db: &mut deadpool_postgres::Object,
     id: Uuid,
@@ -210,6 +220,7 @@ pub async fn set_password(
 }
 
 /// Deletes a user (refresh tokens go with it) and appends `entry`; refuses to delete the last admin.
+#[tracing::instrument(name = "db.users.delete", level = "debug", skip_all)]
 pub async fn delete(db: &mut deadpool_postgres::Object, id: Uuid, entry: &Entry) -> DbResult<bool> {
     let tx = db.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ADMIN_CHANGE_LOCK]).await?;
@@ -246,6 +257,7 @@ pub struct NewRefreshToken {
     pub expires_at: DateTime<Utc>,
 }
 
+#[tracing::instrument(name = "db.users.insert_refresh_token", level = "debug", skip_all)]
 pub async fn insert_refresh_token(db: &impl GenericClient, token: &NewRefreshToken) -> DbResult<()> {
     db.execute(
         "INSERT INTO refresh_tokens (token_hash, user_id, family_id, expires_at) VALUES ($1, $2, $3, $4)",
@@ -257,6 +269,7 @@ pub async fn insert_refresh_token(db: &impl GenericClient, token: &NewRefreshTok
 
 /// A successful sign-in: the last-login time, the new refresh token and the audit entry, in one
 /// transaction. Returns the new last-login time.
+#[tracing::instrument(name = "db.users.sign_in", level = "debug", skip_all)]
 pub async fn sign_in(
     db: &mut deadpool_postgres::Object,
     token: &NewRefreshToken,
@@ -288,6 +301,7 @@ pub enum RefreshLookup {
 }
 
 /// Looks the token up and, when it is valid at `now` (the server's clock), revokes it.
+#[tracing::instrument(name = "db.users.consume_refresh_token", level = "debug", skip_all)]
 pub async fn consume_refresh_token(
     db: &impl GenericClient,
     token_hash: &[u8],
@@ -322,6 +336,7 @@ pub async fn consume_refresh_token(
 }
 
 /// Revokes a whole refresh-token family after a reuse, and records the reuse (`entry`).
+#[tracing::instrument(name = "db.users.revoke_refresh_family", level = "debug", skip_all)]
 pub async fn revoke_refresh_family(
     db: &mut deadpool_postgres::Object,
     family_id: Uuid,
@@ -338,6 +353,7 @@ pub async fn revoke_refresh_family(
     Ok(())
 }
 
+#[tracing::instrument(name = "db.users.revoke_refresh_token", level = "debug", skip_all)]
 pub async fn revoke_refresh_token(db: &impl GenericClient, token_hash: &[u8], user_id: Uuid) -> DbResult<()> {
     db.execute(
         "UPDATE refresh_tokens SET revoked_at = now() WHERE token_hash = $1 AND user_id = $2 AND revoked_at IS NULL",
@@ -358,6 +374,7 @@ async fn revoke_refresh_tokens_of_user(db: &impl GenericClient, user_id: Uuid) -
 
 // ---- access-token denylist ----
 
+#[tracing::instrument(name = "db.users.revoke_access_token", level = "debug", skip_all)]
 pub async fn revoke_access_token(
     db: &impl GenericClient,
     jti: &str,
@@ -371,6 +388,7 @@ pub async fn revoke_access_token(
     Ok(())
 }
 
+#[tracing::instrument(name = "db.users.is_access_token_revoked", level = "debug", skip_all)]
 pub async fn is_access_token_revoked(db: &impl GenericClient, jti: &str) -> DbResult<bool> {
     Ok(db.query_opt("SELECT 1 FROM revoked_tokens WHERE jti = $1", &[&jti]).await?.is_some())
 }
@@ -378,6 +396,7 @@ pub async fn is_access_token_revoked(db: &impl GenericClient, jti: &str) -> DbRe
 /// Housekeeping: forget denylisted tokens and refresh tokens that have expired anyway.
 /// What a token check needs in one round trip: the user's token generation (`None` when the user
 /// no longer exists) and whether this access token was revoked.
+#[tracing::instrument(name = "db.users.token_state", level = "debug", skip_all)]
 pub async fn token_state(db: &impl GenericClient, user_id: Uuid, jti: &str) -> DbResult<(Option<i64>, bool)> {
     let row = db
         .query_one(
@@ -389,6 +408,7 @@ pub async fn token_state(db: &impl GenericClient, user_id: Uuid, jti: &str) -> D
     Ok((row.get(0), row.get(1)))
 }
 
+#[tracing::instrument(name = "db.users.purge_expired_tokens", level = "debug", skip_all)]
 pub async fn purge_expired_tokens(db: &impl GenericClient) -> DbResult<()> {
     db.execute("DELETE FROM revoked_tokens WHERE expires_at < now()", &[]).await?;
     db.execute("DELETE FROM refresh_tokens WHERE expires_at < now() - interval '1 day'", &[]).await?;

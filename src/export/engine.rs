@@ -164,7 +164,10 @@ impl Engine {
         let (head_tx, head_rx) = oneshot::channel();
         let engine = Arc::clone(self);
         let thread_slot = Arc::clone(&slot);
+        // A child of the request's span: the export thread's log lines and queries are the request's.
+        let span = tracing::info_span!("export", otel.name = "export stream", format = request.format.as_str());
         self.runtime.spawn_blocking(move || {
+            let _entered = span.enter();
             let _running = crate::monitoring::export_running();
             engine.stream(&request, &tx, head_tx);
             // The slot goes before the channel closes: a client that has seen the end of the
@@ -185,10 +188,13 @@ impl Engine {
         path: PathBuf,
     ) {
         let engine = Arc::clone(self);
+        let span = tracing::info_span!("export", otel.name = "export job", job = %id,
+            format = request.format.as_str());
         self.runtime.spawn(async move {
             let Ok(slot) = Arc::clone(&engine.slots).acquire_owned().await else { return };
             let runner = Arc::clone(&engine);
             let done = tokio::task::spawn_blocking(move || {
+                let _entered = span.enter();
                 let _slot = slot;
                 let _running = crate::monitoring::export_running();
                 runner.run_job(&id, &request, &progress, &path);

@@ -14,6 +14,7 @@ use deadpool_postgres::Object;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_postgres::IsolationLevel;
+use tracing::Instrument;
 
 use super::engine::{Engine, RunError};
 use crate::db::export as sql;
@@ -59,7 +60,9 @@ impl<'e> Reader<'e> {
     ) -> Result<Reader<'e>, RunError> {
         let (requests, inbox) = mpsc::channel(1);
         let (started_tx, started) = oneshot::channel();
-        let task = engine.runtime().spawn(serve(client, filter.clone(), started_tx, inbox));
+        // The reader's queries are children of the export's span, current on this thread.
+        let span = tracing::debug_span!("db.export.reader");
+        let task = engine.runtime().spawn(serve(client, filter.clone(), started_tx, inbox).instrument(span));
         match started.blocking_recv() {
             Ok(Ok(snapshot)) => Ok(Reader { engine, snapshot, requests: Some(requests), task: Some(task) }),
             Ok(Err(e)) => Err(e.into()),

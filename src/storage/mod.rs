@@ -84,8 +84,17 @@ impl Area {
         matches!(self, Area::Local(_))
     }
 
+    /// For spans: which backend a call went to.
+    fn backend(&self) -> &'static str {
+        match self {
+            Area::Local(_) => "local",
+            Area::Object(_) => "object",
+        }
+    }
+
     /// Stores the file at `src` under `key` unless the key exists ([`StorageError::AlreadyExists`]).
     /// `src` is left for the caller to remove; big files go up in parts.
+    #[tracing::instrument(name = "storage.put_file", level = "debug", skip(self, src), fields(backend = self.backend()))]
     pub async fn put_file(&self, key: &str, src: &Path) -> StorageResult<()> {
         match self {
             Area::Local(root) => local::put_file(root, key, src).await,
@@ -94,6 +103,7 @@ impl Area {
     }
 
     /// Stores `bytes` under `key` unless the key exists.
+    #[tracing::instrument(name = "storage.put_bytes", level = "debug", skip(self, bytes), fields(backend = self.backend()))]
     pub async fn put_bytes(&self, key: &str, bytes: Bytes) -> StorageResult<()> {
         match self {
             Area::Local(root) => local::put_bytes(root, key, bytes).await,
@@ -102,6 +112,7 @@ impl Area {
     }
 
     /// Stores every file under the folder `src` below `prefix` (a local folder is moved).
+    #[tracing::instrument(name = "storage.put_dir", level = "debug", skip(self, src), fields(backend = self.backend()))]
     pub async fn put_dir(&self, prefix: &str, src: &Path) -> StorageResult<()> {
         match self {
             Area::Local(root) => local::put_dir(root, prefix, src).await,
@@ -110,6 +121,7 @@ impl Area {
     }
 
     /// The size of `key`, `None` when it does not exist.
+    #[tracing::instrument(name = "storage.head", level = "debug", skip(self), fields(backend = self.backend()))]
     pub async fn head(&self, key: &str) -> StorageResult<Option<u64>> {
         match self {
             Area::Local(root) => local::head(root, key).await,
@@ -118,6 +130,7 @@ impl Area {
     }
 
     /// Streams `key`, or the bytes `range` of it.
+    #[tracing::instrument(name = "storage.get", level = "debug", skip(self, range), fields(backend = self.backend()))]
     pub async fn get(&self, key: &str, range: Option<Range<u64>>) -> StorageResult<ByteStream> {
         match self {
             Area::Local(root) => local::get(root, key, range).await,
@@ -126,12 +139,14 @@ impl Area {
     }
 
     /// Copies `key` into the local file `dest`, which appears whole or not at all.
+    #[tracing::instrument(name = "storage.fetch_to", level = "debug", skip(self, dest), fields(backend = self.backend()))]
     pub async fn fetch_to(&self, key: &str, dest: &Path) -> StorageResult<()> {
         let mut stream = self.get(key, None).await?;
         local::write_stream(dest, &mut stream).await
     }
 
     /// Removes `key`; a missing key is not an error.
+    #[tracing::instrument(name = "storage.delete", level = "debug", skip(self), fields(backend = self.backend()))]
     pub async fn delete(&self, key: &str) -> StorageResult<()> {
         match self {
             Area::Local(root) => local::delete(root, key).await,
@@ -140,6 +155,7 @@ impl Area {
     }
 
     /// Removes every key below `prefix` (a folder, ending in `/`).
+    #[tracing::instrument(name = "storage.delete_prefix", level = "debug", skip(self), fields(backend = self.backend()))]
     pub async fn delete_prefix(&self, prefix: &str) -> StorageResult<()> {
         match self {
             Area::Local(root) => local::delete_dir(root, prefix).await,
@@ -148,6 +164,7 @@ impl Area {
     }
 
     /// Every file below `prefix` (`""` for all), in no particular order.
+    #[tracing::instrument(name = "storage.list", level = "debug", skip(self), fields(backend = self.backend()))]
     pub async fn list(&self, prefix: &str) -> StorageResult<Vec<Entry>> {
         match self {
             Area::Local(root) => local::list(root, prefix).await,

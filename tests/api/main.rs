@@ -32,4 +32,5 @@ mod scopes;
 mod stats;
 mod storage;
 mod sync;
+mod telemetry;
 mod users;

@@ -13,6 +13,7 @@ use crate::db::DbResult;
 
 /// Notes that `client_id` of `username` starts over from cursor 0 now. A deployment that never
 /// had a scope set has no redelivery to skip, and writes nothing.
+#[tracing::instrument(name = "db.scope.devices.started_fresh", level = "debug", skip_all)]
 pub async fn started_fresh(db: &impl GenericClient, username: &str, client_id: &str) -> DbResult<()> {
     db.execute(
         "INSERT INTO scope_devices (username, client_id, fresh_since)

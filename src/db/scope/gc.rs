@@ -11,6 +11,7 @@ const GC_BATCH: i64 = 10_000;
 
 /// Removes one batch of leftovers; returns how many rows went (0: nothing left, or a set is being
 /// prepared, which needs every family's rows as they are).
+#[tracing::instrument(name = "db.scope.gc.collect", level = "debug", skip_all)]
 pub async fn collect(tx: &Transaction<'_>) -> DbResult<u64> {
     // Holding the state row keeps a new preparation from starting (its `UPDATE` waits) while
     // this batch deletes rows the preparation would otherwise count on.

@@ -15,6 +15,7 @@ use crate::db::DbResult;
 
 /// `None` when the user is not scoped (no set in force, or an admin, and no redelivery pending):
 /// the unscoped manifest applies. Otherwise the head and the operations after `after`, in order.
+#[tracing::instrument(name = "db.scope.manifest.changes_after", level = "debug", skip_all)]
 pub async fn changes_after(
     db: &impl GenericClient,
     (username, client_id): (&str, &str),

@@ -49,6 +49,7 @@ pub struct SetVersion {
     pub to_scan: i64,
 }
 
+#[tracing::instrument(name = "db.scope.state", level = "debug", skip_all)]
 pub async fn state(db: &impl GenericClient) -> DbResult<ScopeState> {
     let row =
         db.query_one("SELECT active_version, preparing_version, revision FROM scope_state", &[]).await?;
@@ -83,6 +84,7 @@ fn set_from_row(row: &tokio_postgres::Row) -> DbResult<SetVersion> {
     })
 }
 
+#[tracing::instrument(name = "db.scope.set_version", level = "debug", skip_all)]
 pub async fn set_version(db: &impl GenericClient, version: i64) -> DbResult<Option<SetVersion>> {
     let sql = format!("SELECT {SET_COLUMNS} FROM scope_sets WHERE version = $1");
     db.query_opt(&sql, &[&version]).await?.as_ref().map(set_from_row).transpose()
@@ -121,6 +123,7 @@ impl Sets {
     }
 }
 
+#[tracing::instrument(name = "db.scope.sets", level = "debug", skip_all)]
 pub async fn sets(db: &impl GenericClient) -> DbResult<Sets> {
     let state = state(db).await?;
     let active = rules_of(db, state.active_version).await?;
@@ -132,6 +135,7 @@ pub async fn sets(db: &impl GenericClient) -> DbResult<Sets> {
 }
 
 /// The rules of a version (`None`: no set, or version 0).
+#[tracing::instrument(name = "db.scope.rules_of", level = "debug", skip_all)]
 pub async fn rules_of(db: &impl GenericClient, version: i64) -> DbResult<Option<Arc<ScopeRules>>> {
     if version == 0 {
         return Ok(None);
@@ -154,6 +158,7 @@ pub struct NewVersion {
 /// Stores a new version of the set (`None`: back to no set) as the one being prepared, replacing
 /// one still being prepared. Runs under the change-log lock: every commit after it writes the new
 /// set's keys too, every commit before it is visible to the preparation's scan.
+#[tracing::instrument(name = "db.scope.create_version", level = "debug", skip_all)]
 pub async fn create_version(
     tx: &deadpool_postgres::Transaction<'_>,
     rules: Option<&ScopeRules>,
@@ -193,6 +198,7 @@ pub async fn create_version(
 
 /// Empties everything derived from records (docs/api.md §17.3's reset): keys, references,
 /// redeliveries. A set being prepared starts its scan again.
+#[tracing::instrument(name = "db.scope.reset", level = "debug", skip_all)]
 pub async fn reset(db: &impl GenericClient) -> DbResult<()> {
     db.batch_execute(
         "DELETE FROM scope_rows; DELETE FROM attachment_refs; DELETE FROM scope_event_users;

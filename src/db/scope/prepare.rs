@@ -51,6 +51,7 @@ impl Plan {
 
 /// Fixes where the scan starts from: the head now (records changed after it are caught up) and
 /// how many records there are to scan (for progress).
+#[tracing::instrument(name = "db.scope.prepare.begin", level = "debug", skip_all)]
 pub async fn begin(db: &impl GenericClient, version: i64) -> DbResult<()> {
     db.execute(
         "UPDATE scope_sets SET scan_head = (SELECT head FROM change_head),
@@ -63,6 +64,7 @@ pub async fn begin(db: &impl GenericClient, version: i64) -> DbResult<()> {
 }
 
 /// Scans the next batch of records by id; false when the scan is complete.
+#[tracing::instrument(name = "db.scope.prepare.scan_batch", level = "debug", skip_all)]
 pub async fn scan_batch(tx: &Transaction<'_>, plan: &Plan) -> DbResult<bool> {
     let Some(set) = set_version(tx, plan.version).await? else { return Ok(false) };
     if set.state != "preparing" {
@@ -186,6 +188,7 @@ async fn assign_slots(tx: &Transaction<'_>, plan: &Plan, ids: &[String], slots: 
 
 /// Gives slots to the records changed since the scan (or the last catch-up) started; returns how
 /// many records it looked at. Repeated until few remain, then once more inside the switch.
+#[tracing::instrument(name = "db.scope.prepare.catch_up", level = "debug", skip_all)]
 pub async fn catch_up(tx: &Transaction<'_>, plan: &Plan, limit: Option<i64>) -> DbResult<i64> {
     let Some(set) = set_version(tx, plan.version).await? else { return Ok(0) };
     let Some(since) = set.scan_head else { return Ok(0) };
@@ -219,6 +222,7 @@ pub struct Switched {
 
 /// Puts a prepared version in force, under the change-log lock: the last catch-up, each user's
 /// keys and what changed hands for them, the redelivery block taken after the head, the state.
+#[tracing::instrument(name = "db.scope.prepare.switch", level = "debug", skip_all)]
 pub async fn switch(tx: &Transaction<'_>, plan: &Plan, now: DateTime<Utc>) -> DbResult<Option<Switched>> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
     let state = crate::db::scope::state(tx).await?;
@@ -278,6 +282,7 @@ pub async fn switch(tx: &Transaction<'_>, plan: &Plan, now: DateTime<Utc>) -> Db
 
 /// Commits an event's block: change_ids `base + 1 ..= base + size` after the head, which moves
 /// past them. The caller holds the change-log lock.
+#[tracing::instrument(name = "db.scope.prepare.take_block", level = "debug", skip_all)]
 pub(super) async fn take_block(db: &impl GenericClient, event_id: i64, size: i64) -> DbResult<i64> {
     let base: i64 = db.query_one("SELECT head FROM change_head", &[]).await?.get(0);
     db.execute("UPDATE scope_events SET base = $2, size = $3 WHERE id = $1", &[&event_id, &base, &size])
@@ -288,6 +293,7 @@ pub(super) async fn take_block(db: &impl GenericClient, event_id: i64, size: i64
     Ok(base)
 }
 
+#[tracing::instrument(name = "db.scope.prepare.all_users", level = "debug", skip_all)]
 pub(super) async fn all_users(db: &impl GenericClient) -> DbResult<Vec<UserFacts>> {
     let rows = db.query("SELECT username, role, attributes FROM users ORDER BY username", &[]).await?;
     rows.iter().map(user_facts).collect()

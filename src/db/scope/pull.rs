@@ -93,6 +93,7 @@ fn page_sql(typed: bool) -> String {
 
 /// The page after `after` for `username`, in the layout of `records::pull_page` (whose rows the
 /// page writer reads), with every record the user may not see now written as a tombstone.
+#[tracing::instrument(name = "db.scope.pull.page", level = "debug", skip_all)]
 pub async fn page(
     db: Object,
     (username, client_id): (&str, &str),

@@ -27,17 +27,20 @@ pub fn visible_sql(record: &str, user: &str) -> String {
 }
 
 /// True when `username` sees every record (no set in force, or an admin).
+#[tracing::instrument(name = "db.scope.read.sees_all", level = "debug", skip_all)]
 pub async fn sees_all(db: &impl GenericClient, username: &str) -> DbResult<bool> {
     let sql = format!("SELECT {}", sees_all_sql("$1"));
     Ok(db.query_one(&sql, &[&username]).await?.get(0))
 }
 
 /// True while a scope set is in force.
+#[tracing::instrument(name = "db.scope.read.is_scoped", level = "debug", skip_all)]
 pub async fn is_scoped(db: &impl GenericClient) -> DbResult<bool> {
     Ok(db.query_one("SELECT active_version > 0 FROM scope_state", &[]).await?.get(0))
 }
 
 /// True when the record exists and `username` may see it now.
+#[tracing::instrument(name = "db.scope.read.record_visible", level = "debug", skip_all)]
 pub async fn record_visible(db: &impl GenericClient, username: &str, record_id: &str) -> DbResult<bool> {
     let sql = format!("SELECT {} FROM records r WHERE r.id = $2", visible_sql("r", "$1"));
     Ok(db.query_opt(&sql, &[&username, &record_id]).await?.is_some_and(|row| row.get(0)))
@@ -56,6 +59,7 @@ pub fn attachment_visible_sql(attachment: &str, user: &str) -> String {
 }
 
 /// True when the attachment exists and `username` may download it now.
+#[tracing::instrument(name = "db.scope.read.attachment_visible", level = "debug", skip_all)]
 pub async fn attachment_visible(
     db: &impl GenericClient,
     username: &str,
@@ -68,6 +72,7 @@ pub async fn attachment_visible(
 /// Live records by form type that a user with `keys` receives (their own included), or every
 /// live record when `keys` is `None`: the preview of docs/api.md §20.2. Read along the keys'
 /// rows and the author's records, so it costs what the user receives.
+#[tracing::instrument(name = "db.scope.read.visible_counts", level = "debug", skip_all)]
 pub async fn visible_counts(
     db: &impl GenericClient,
     username: &str,

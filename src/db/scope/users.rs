@@ -18,6 +18,7 @@ pub struct UserScopeChange {
 
 /// Writes `after`'s keys and, when the buckets the user holds changed, a redelivery of every
 /// record in them. `before` is `None` for a new user.
+#[tracing::instrument(name = "db.scope.users.apply", level = "debug", skip_all)]
 pub async fn apply(
     db: &impl GenericClient,
     before: Option<&UserFacts>,

@@ -36,6 +36,7 @@ impl WrittenRecords {
 /// Writes the keys and references of `written`. A key the record has now is live at its
 /// change_id; a key it had and lost is marked left at the same change_id (every key it has now was
 /// just moved to that change_id, so the ones still older are exactly those it lost).
+#[tracing::instrument(name = "db.scope.write.write", level = "debug", skip_all)]
 pub async fn write(db: &impl GenericClient, written: &WrittenRecords) -> DbResult<()> {
     if written.is_empty() {
         return Ok(());
@@ -96,6 +97,7 @@ pub async fn write(db: &impl GenericClient, written: &WrittenRecords) -> DbResul
 
 /// Addresses a tombstone of each refused record to its pusher alone, at the change_id the commit
 /// gave the refusal: the device that tried to change it learns it may not hold it.
+#[tracing::instrument(name = "db.scope.write.address_tombstones", level = "debug", skip_all)]
 pub async fn address_tombstones(
     db: &impl GenericClient,
     usernames: &[&str],
@@ -119,6 +121,7 @@ pub async fn address_tombstones(
 /// Of the stored records named by `(record_ids[i], pushers[i])`, those the pusher may not change:
 /// they are neither theirs nor live in one of their buckets, and the pusher is not an admin.
 /// Only meaningful while a set is in force; read after the change-log lock is held.
+#[tracing::instrument(name = "db.scope.write.out_of_scope", level = "debug", skip_all)]
 pub async fn out_of_scope(
     db: &impl GenericClient,
     record_ids: &[&str],
