@@ -435,7 +435,10 @@ mod tests {
         .expect("otlp traces");
         assert_eq!(full.otlp_traces_endpoint.as_deref(), Some("http://other:9000/spans"));
         refused(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318")], "OTEL_EXPORTER_OTLP_ENDPOINT");
-        refused(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318")], "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+        refused(
+            &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318")],
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        );
     }
 
     #[test]

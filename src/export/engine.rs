@@ -165,7 +165,8 @@ impl Engine {
         let engine = Arc::clone(self);
         let thread_slot = Arc::clone(&slot);
         // A child of the request's span: the export thread's log lines and queries are the request's.
-        let span = tracing::info_span!("export", otel.name = "export stream", format = request.format.as_str());
+        let span =
+            tracing::info_span!("export", otel.name = "export stream", format = request.format.as_str());
         self.runtime.spawn_blocking(move || {
             let _entered = span.enter();
             let _running = crate::monitoring::export_running();

@@ -65,5 +65,6 @@ where
 
 fn exported(meta: &Metadata<'_>) -> bool {
     let level = *meta.level();
-    level <= Level::INFO || (meta.is_span() && level <= Level::DEBUG && meta.target().starts_with("synkronus"))
+    level <= Level::INFO
+        || (meta.is_span() && level <= Level::DEBUG && meta.target().starts_with("synkronus"))
 }
