@@ -63,11 +63,12 @@ cluster: deps nginx-dep .env release
 ## Everything the tests need, then all tests (unit + black-box against a real PostgreSQL), then the
 ## portal in a headless browser and the schemathesis run. Both use the server binary `cargo test`
 ## has just built for the black-box tests (a separate `cargo build` would resolve other features
-## and rebuild half the dependency tree).
-test: test-deps
+## and rebuild half the dependency tree). Then the packages (make image-test).
+test: test-deps image-deps
 	$(CARGO) test --workspace -- --test-threads=4; status=$$?; $(MAKE) --no-print-directory stop-test-cluster; \
 	portal-tests/run.sh $(TARGET_DIR)/debug/synkronus || status=1; \
-	scripts/schemathesis.sh $(TARGET_DIR)/debug/synkronus || status=1; exit $$status
+	scripts/schemathesis.sh $(TARGET_DIR)/debug/synkronus || status=1; \
+	tests/packaging/run-all.sh || status=1; exit $$status
 
 ## What the package tests need (docs/deploy.md, "Packages"): a container engine (podman and its
 ## networking from Debian where no docker daemon answers), mmdebstrap (base images made locally),

@@ -2,7 +2,7 @@
 # Builds the container image from the root Dockerfile (`make image`), tagged IMAGE (default
 # synkronus:<version>) and synkronus:latest, with the OCI labels filled in: the version of
 # Cargo.toml, the commit, and the source (the git remote's URL when there is one). Makes the base
-# images first where no registry serves them (base-images.sh).
+# images first where no registry serves them (base-images.sh). REVISION overrides the commit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=engine.sh
@@ -10,7 +10,7 @@ source scripts/images/engine.sh
 
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 IMAGE=${IMAGE:-synkronus:$VERSION}
-REVISION=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+REVISION=${REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 SOURCE=$(git remote get-url origin 2>/dev/null | grep -E '^(https://|git@)' || true)
 
 scripts/images/base-images.sh
