@@ -54,17 +54,19 @@ ARG PG_MAJOR
 # here without the JIT provider (llvmjit.so) and its bitcode, with the shared libraries the
 # remaining binaries link against installed from Debian as usual; PostgreSQL runs without JIT when
 # its provider is absent. `ldd` proves nothing is missing. Also: tini as PID 1 (forwards SIGTERM
-# to the server and reaps what PostgreSQL leaves), tzdata (PostgreSQL's time zones), and the CA
-# certificates of S3 and PostgreSQL TLS connections.
+# to the server and reaps what PostgreSQL leaves; not its static twin) and tzdata (PostgreSQL's
+# time zones). Left out: PostgreSQL's benchmark and test tools.
 RUN set -eux; \
     apt-get update; \
     cd /tmp; \
     apt-get download "postgresql-${PG_MAJOR}"; \
     libs=$(dpkg-deb -f postgresql-"${PG_MAJOR}"_*.deb Depends | tr ',' '\n' \
         | sed -e 's/([^)]*)//g' -e 's/|.*//' -e 's/ //g' | grep '^lib' | grep -v '^libllvm'); \
-    apt-get install -y --no-install-recommends ca-certificates tini tzdata $libs; \
+    echo 'path-exclude=/usr/bin/tini-static' > /etc/dpkg/dpkg.cfg.d/synkronus; \
+    apt-get install -y --no-install-recommends tini tzdata $libs; \
     dpkg-deb --fsys-tarfile postgresql-"${PG_MAJOR}"_*.deb | tar -x -C / \
-        --exclude='*/lib/bitcode' --exclude='*/lib/llvmjit*' \
+        --exclude='*/lib/bitcode' --exclude='*/lib/llvmjit*' --exclude='*/bin/pgbench' \
+        --exclude='*/bin/pg_test_*' --exclude='*/bin/oid2name' --exclude='*/bin/vacuumlo' \
         ./usr/lib/postgresql ./usr/share/postgresql; \
     rm -f /tmp/*.deb; \
     rm -rf /var/lib/apt/lists/*; \
@@ -76,6 +78,9 @@ RUN set -eux; \
 RUN groupadd --gid 10001 synkronus \
     && useradd --uid 10001 --gid synkronus --no-create-home --home-dir /var/lib/synkronus --shell /usr/sbin/nologin synkronus \
     && install -d -m 0700 -o synkronus -g synkronus /var/lib/synkronus
+# The CA certificates of S3 and PostgreSQL TLS connections: the bundle alone (Debian's
+# ca-certificates package would bring the openssl program, 2.3 MB, along).
+COPY --from=builder /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=builder /usr/local/bin/synkronus /usr/bin/synkronus
 ENV DATA_ROOT=/var/lib/synkronus \
     PG_BIN_DIR=/usr/lib/postgresql/${PG_MAJOR}/bin
