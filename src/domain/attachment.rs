@@ -14,6 +14,32 @@ const RESERVED_IDS: [&str; 2] = ["manifest", "export-zip"];
 #[error("Invalid attachment id: {0}")]
 pub struct InvalidId(&'static str);
 
+/// An attachment id that passed [`validate_id`]: what a handler gets from the path or the upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachmentId(String);
+
+impl AttachmentId {
+    /// Checks an already percent-decoded id (see [`validate_id`]).
+    pub fn parse(id: String) -> Result<Self, InvalidId> {
+        validate_id(&id)?;
+        Ok(AttachmentId(id))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for AttachmentId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Checks an already percent-decoded id: 1-512 bytes of `/`-separated non-empty segments, none
 /// `.` or `..`, no `\`, NUL or control characters, not a reserved literal.
 pub fn validate_id(id: &str) -> Result<(), InvalidId> {

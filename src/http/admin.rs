@@ -10,9 +10,9 @@ use crate::domain::page_token::{self, TokenKind};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::common::{query_pairs, X_REPOSITORY_GENERATION};
+use crate::http::common::X_REPOSITORY_GENERATION;
 use crate::http::compress::negotiated;
-use crate::http::extract::{audit_origin, state, Auth, JsonBody};
+use crate::http::extract::{audit_origin, state, Auth, FromQuery, JsonBody, Query, QueryPairs};
 use crate::http::wire;
 use crate::http::wire::admin::{AuditEntry, AuditPage, Device, ResetAnswer, ResetRequest};
 
@@ -59,18 +59,14 @@ pub async fn reset_repository(
     params(("username" = Option<String>, Query, description = "A user name"), ("stale_after" = Option<String>, Query, description = "Only devices not seen for this many seconds")),
     responses((status = 200, body = [Device]), (status = 400)),
     security(("bearerAuth" = [])))]
-pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn devices(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    Query(DeviceFilter { username, stale_after }): Query<DeviceFilter>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
-    let pairs = query_pairs(&req);
-    let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
-    let username = get("username").filter(|u| !u.is_empty());
-    let stale_after = match get("stale_after").filter(|s| !s.is_empty()) {
-        None => None,
-        Some(raw) => Some(raw.trim().parse::<i64>().ok().filter(|s| *s >= 0).ok_or_else(|| {
-            ApiError::bad_request("'stale_after' must be a number of seconds").with_path("?stale_after")
-        })?),
-    };
+    let username = username.as_deref();
     let seen_before = stale_after.map(|secs| st.clock.now() - chrono::Duration::seconds(secs));
     let served = st
         .reads
@@ -90,6 +86,48 @@ pub async fn devices(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
         })
         .collect();
     Ok(negotiated(&req, crate::http::context::served_by(HttpResponse::Ok().json(devices), served.by)))
+}
+
+/// `GET /devices`' filters: one user's devices, devices not seen for `stale_after` seconds.
+pub struct DeviceFilter {
+    username: Option<String>,
+    stale_after: Option<i64>,
+}
+
+impl FromQuery for DeviceFilter {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
+        let get = |k: &str| query.0.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+        let stale_after = match get("stale_after").filter(|s| !s.is_empty()) {
+            None => None,
+            Some(raw) => Some(raw.trim().parse::<i64>().ok().filter(|s| *s >= 0).ok_or_else(|| {
+                bad_filter("stale_after", "'stale_after' must be a number of seconds".to_owned())
+            })?),
+        };
+        Ok(DeviceFilter {
+            username: get("username").filter(|u| !u.is_empty()).map(str::to_owned),
+            stale_after,
+        })
+    }
+}
+
+/// `GET /admin/audit`'s page size and its filter and position (from the page token or the filters).
+pub struct AuditQuery {
+    limit: i64,
+    cursor: AuditCursor,
+}
+
+impl FromQuery for AuditQuery {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
+        let pairs = &query.0;
+        let limit = match pairs.iter().find(|(k, _)| k == "limit").map(|(_, v)| v.trim()) {
+            None | Some("") => clamp_limit(None),
+            Some(raw) => clamp_limit(Some(
+                raw.parse::<i64>()
+                    .map_err(|_| bad_filter("limit", "'limit' must be an integer".to_owned()))?,
+            )),
+        };
+        Ok(AuditQuery { limit, cursor: audit_cursor(pairs)? })
+    }
 }
 
 fn bad_filter(name: &str, message: String) -> ApiError {
@@ -145,17 +183,13 @@ fn audit_cursor(pairs: &[(String, String)]) -> ApiResult<AuditCursor> {
         ("limit" = Option<String>, Query, description = "integer; default 100, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page")),
     responses((status = 200, body = AuditPage), (status = 400)),
     security(("bearerAuth" = [])))]
-pub async fn audit_log(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn audit_log(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    Query(AuditQuery { limit, cursor }): Query<AuditQuery>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
-    let pairs = query_pairs(&req);
-    let limit = match pairs.iter().find(|(k, _)| k == "limit").map(|(_, v)| v.trim()) {
-        None | Some("") => clamp_limit(None),
-        Some(raw) => clamp_limit(Some(
-            raw.parse::<i64>().map_err(|_| bad_filter("limit", "'limit' must be an integer".to_owned()))?,
-        )),
-    };
-    let cursor = audit_cursor(&pairs)?;
     let db = st.pool.get().await?;
     let mut rows = audit::list(&db, &cursor.filter, cursor.b, limit + 1).await?;
     let has_more = rows.len() as i64 > limit;

@@ -13,12 +13,14 @@ use crate::db::attachments::{self, AttachmentRow};
 use crate::db::records;
 use crate::db::replicas::Target;
 use crate::db::scope::manifest as scope_manifest;
-use crate::domain::attachment::{self as rules, Quality, RangeAnswer};
+use crate::domain::attachment::{self as rules, AttachmentId, Quality, RangeAnswer};
 use crate::domain::role::Role;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::common::{client_generation, current_generation, query_pairs, report_sync};
+use crate::http::common::{client_generation, current_generation, report_sync};
 use crate::http::context::served_by;
-use crate::http::extract::{forwarded_header, path_param, state, Auth, JsonBody};
+use crate::http::extract::{
+    forwarded_header, state, Auth, FromQuery, JsonBody, PathParams, Query, QueryPairs,
+};
 use crate::http::wire;
 use crate::http::wire::attachments::{
     DownloadManifest, DownloadOperation, Manifest, ManifestOperation, ManifestRequest, OperationCount,
@@ -135,11 +137,11 @@ async fn store(
     st: &AppState,
     req: &HttpRequest,
     caller: String,
-    id: String,
+    id: AttachmentId,
     staged: Staged,
     declared_type: Option<&str>,
 ) -> ApiResult<HttpResponse> {
-    let content_type = rules::content_type(declared_type, &id);
+    let content_type = rules::content_type(declared_type, id.as_str());
     let client_id = header_str(req, "x-ode-client-id").map(str::trim).filter(|s| !s.is_empty());
     let generation = current_generation(&st.pool.get().await?, req, &Value::Null).await?;
     let commit = st
@@ -147,7 +149,7 @@ async fn store(
         .attachments
         .store(Store {
             staged,
-            id,
+            id: id.into_string(),
             content_type,
             uploaded_by: caller,
             client_id: client_id.map(str::to_string),
@@ -168,12 +170,11 @@ async fn store(
 pub async fn upload_put(
     req: HttpRequest,
     Auth(caller): Auth,
+    PathParams(id): PathParams<AttachmentId>,
     payload: web::Payload,
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadWrite)?;
     let st = state(&req)?;
-    let id = path_param(&req, "id")?;
-    rules::validate_id(&id)?;
     let limit = st.config.max_attachment_bytes;
     let paths = blob_paths(st);
     if is_multipart(&req) {
@@ -217,7 +218,7 @@ pub async fn upload_post(
                 .with_path("attachment_id")
         })?,
     };
-    rules::validate_id(&id)?;
+    let id = AttachmentId::parse(id)?;
     store(st, &req, caller.username, id, upload.staged, upload.content_type.as_deref()).await
 }
 
@@ -237,18 +238,22 @@ async fn find(st: &AppState, id: &str) -> ApiResult<AttachmentRow> {
         (status = 206, body = Binary, content_type = "application/octet-stream"), (status = 304), (status = 400),
         (status = 404), (status = 416)),
     security(("bearerAuth" = [])))]
-pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn download(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(id): PathParams<AttachmentId>,
+    Query(Variant(quality)): Query<Variant>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let id = path_param(&req, "id")?;
-    rules::validate_id(&id)?;
-    let row = find(st, &id).await?;
+    let row = find(st, id.as_str()).await?;
     // Outside the caller's scope an attachment is absent (docs/api.md §20.4).
-    if !crate::db::scope::read::attachment_visible(&st.pool.get().await?, &caller.username, &id).await? {
+    if !crate::db::scope::read::attachment_visible(&st.pool.get().await?, &caller.username, id.as_str())
+        .await?
+    {
         return Err(ApiError::not_found("Attachment not found"));
     }
-    let quality =
-        rules::requested_quality(&query_pairs(&req)).filter(|_| rules::is_resizable(&row.content_type));
+    let quality = quality.filter(|_| rules::is_resizable(&row.content_type));
     let variant = match quality {
         Some(q) => variant(st, &row, q).await?,
         None => None,
@@ -327,6 +332,21 @@ async fn serve_file(
     Ok(res.body(SizedStream::new(len, body)))
 }
 
+/// The resized image a download asks for (`?quality`, unless `?original`).
+pub struct Variant(Option<Quality>);
+
+impl FromQuery for Variant {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
+        Ok(Variant(rules::requested_quality(&query.0)))
+    }
+}
+
+impl FromQuery for Cursor {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
+        operations_cursor(&query.0)
+    }
+}
+
 fn operations_cursor(pairs: &[(String, String)]) -> ApiResult<Cursor> {
     let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.trim());
     match (get("after_change_id"), get("since")) {
@@ -347,7 +367,7 @@ fn operations_cursor(pairs: &[(String, String)]) -> ApiResult<Cursor> {
 }
 
 #[derive(Clone, Copy)]
-enum Cursor {
+pub enum Cursor {
     After(i64),
     Since(chrono::DateTime<chrono::Utc>),
 }
@@ -361,10 +381,13 @@ enum Cursor {
     params(("since" = Option<String>, Query, description = "Changes after this point"), ("after_change_id" = Option<String>, Query, description = "Changes after this change_id"), ("x-repository-generation" = Option<String>, Header, description = "The repository generation the client holds (docs/api.md §17.2)")),
     responses((status = 200, body = Manifest), (status = 400), (status = 409)),
     security(("bearerAuth" = [])))]
-pub async fn manifest_get(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn manifest_get(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    Query(cursor): Query<Cursor>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let cursor = operations_cursor(&query_pairs(&req))?;
     let (generation, head, rows, by) =
         manifest_rows(st, &req, (&caller.username, ""), &Value::Null, cursor).await?;
     let operations = rows.iter().map(ManifestOperation::from).collect();

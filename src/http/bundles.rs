@@ -19,12 +19,14 @@ use crate::actors::bundle_store::{staging_dir, Push, Target, VersionInfo};
 use crate::auth::AuthUser;
 use crate::db;
 use crate::domain::api_version::ApiVersion;
-use crate::domain::bundle::{diff_versions, strip_active_marker, Limits, VersionView};
+use crate::domain::bundle::{diff_versions, strip_active_marker, BundleFilePath, Limits, VersionView};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::http::common::if_none_match;
-use crate::http::extract::{api_version, audit_origin, path_param, state, Auth, JsonBody};
+use crate::http::extract::{
+    api_version, audit_origin, state, Auth, FromQuery, JsonBody, PathParams, Query, QueryPairs,
+};
 use crate::http::wire;
 use crate::http::wire::bundles::{
     BundleVersion, BundleVersionEntry, BundleVersions, BundleWarning, PushAnswer, SwitchAnswer, SwitchRequest,
@@ -225,9 +227,12 @@ async fn switch_to(req: &HttpRequest, caller: &AuthUser, raw: Option<&str>) -> A
 #[utoipa::path(post, path = "/app-bundle/switch/{version}", tag = "app-bundle",
     params(("version" = String, Path, description = "The version to activate")), responses((status = 200, body = SwitchAnswer), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
-pub async fn switch_path(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn switch_path(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(version): PathParams<String>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
-    let version = path_param(&req, "version")?;
     switch_to(&req, &caller, Some(&version)).await
 }
 
@@ -318,24 +323,6 @@ pub async fn manifest(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
         .body(info.manifest_body.clone()))
 }
 
-/// A download path after decoding (docs/api.md §9.4): relative, no `.`/`..` segment, no backslash or NUL.
-fn check_download_path(path: &str) -> ApiResult<()> {
-    let bad = |why: &str| Err(ApiError::bad_request(format!("Invalid file path: {why}")).with_path("path"));
-    if path.is_empty() {
-        return bad("the path is empty");
-    }
-    if path.starts_with('/') {
-        return bad("the path must be relative");
-    }
-    if path.contains('\\') || path.contains('\0') {
-        return bad("the path contains a backslash or NUL");
-    }
-    if path.split('/').any(|segment| segment == "." || segment == "..") {
-        return bad("the path contains a '.' or '..' segment");
-    }
-    Ok(())
-}
-
 async fn open_sized(path: &Path, size: u64) -> ApiResult<SizedStream<ReaderStream<tokio::fs::File>>> {
     let file = tokio::fs::File::open(path).await.map_err(|error| match error.kind() {
         // Retention removed the version after it was resolved.
@@ -346,11 +333,26 @@ async fn open_sized(path: &Path, size: u64) -> ApiResult<SizedStream<ReaderStrea
 }
 
 /// The version a download serves: `?version` wins, then `?preview`, then the active one.
-fn download_target(params: &HashMap<String, String>) -> (Target, bool, bool) {
-    match params.get("version").map(|v| version_param(v)).filter(|v| !v.is_empty()) {
-        Some(version) => (Target::Version(version), false, true),
-        None if is_true(params.get("preview").map(String::as_str)) => (Target::Newest, true, false),
-        None => (Target::Active, false, false),
+pub struct DownloadTarget {
+    target: Target,
+    preview: bool,
+    /// A named version: its files never change.
+    pinned: bool,
+}
+
+impl FromQuery for DownloadTarget {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
+        // The last of repeated keys counts, as it did when the query was read into a map.
+        let last = |key: &str| query.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        Ok(match last("version").map(version_param).filter(|v| !v.is_empty()) {
+            Some(version) => {
+                DownloadTarget { target: Target::Version(version), preview: false, pinned: true }
+            }
+            None if is_true(last("preview")) => {
+                DownloadTarget { target: Target::Newest, preview: true, pinned: false }
+            }
+            None => DownloadTarget { target: Target::Active, preview: false, pinned: false },
+        })
     }
 }
 
@@ -371,15 +373,18 @@ fn cache_headers(builder: &mut HttpResponseBuilder, pinned: bool, preview: bool,
     responses((status = 200, body = Binary, content_type = "application/octet-stream"), (status = 304),
         (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
-pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn download(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(path): PathParams<BundleFilePath>,
+    Query(DownloadTarget { target, preview, pinned }): Query<DownloadTarget>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let path = path_param(&req, "path")?;
-    check_download_path(&path)?;
-    let (target, preview, pinned) = download_target(&query(&req)?);
+    let path = path.as_str();
     let info = resolve_files(st, target).await?;
     let file = info
-        .file(&path)
+        .file(path)
         .ok_or_else(|| ApiError::not_found(format!("File '{path}' not found in the app bundle")))?;
     let matched = if_none_match(&req, &file.hash);
     let mut builder = if matched { HttpResponse::NotModified() } else { HttpResponse::Ok() };
@@ -388,7 +393,7 @@ pub async fn download(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     if matched {
         return Ok(builder.finish());
     }
-    let body = open_sized(&info.file_path(&path), file.size).await?;
+    let body = open_sized(&info.file_path(path), file.size).await?;
     Ok(builder.insert_header((header::CONTENT_TYPE, file.mime_type.clone())).body(body))
 }
 
@@ -413,10 +418,13 @@ pub async fn download_empty(Auth(caller): Auth) -> ApiResult<HttpResponse> {
     responses((status = 200, body = Binary, content_type = "application/zip"), (status = 304), (status = 400),
         (status = 404)),
     security(("bearerAuth" = [])))]
-pub async fn download_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn download_zip(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    Query(DownloadTarget { target, preview, pinned }): Query<DownloadTarget>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let (target, preview, pinned) = download_target(&query(&req)?);
     let info = resolve_files(st, target).await?;
     let matched = if_none_match(&req, &info.manifest.hash);
     let mut builder = if matched { HttpResponse::NotModified() } else { HttpResponse::Ok() };
@@ -443,16 +451,15 @@ pub async fn download_zip(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Htt
     params(("current" = Option<String>, Query, description = "The version the client has (default: the active one)"), ("target" = Option<String>, Query, description = "The version to compare with (default: the newest)")),
     responses((status = 200, body = Object), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
-pub async fn changes(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn changes(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    Query(Comparison { current, target }): Query<Comparison>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let params = query(&req)?;
-    let pick = |name: &str, fallback: Target| match params.get(name).map(|v| version_param(v.trim())) {
-        Some(version) if !version.is_empty() => Target::Version(version),
-        _ => fallback,
-    };
-    let current = resolve_files(st, pick("current", Target::Active)).await?;
-    let target = resolve_files(st, pick("target", Target::Newest)).await?;
+    let current = resolve_files(st, current).await?;
+    let target = resolve_files(st, target).await?;
     let body = web::block(move || {
         let a = VersionView::load(&current.manifest, &current.dir)?;
         let b = VersionView::load(&target.manifest, &target.dir)?;
@@ -460,6 +467,29 @@ pub async fn changes(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     })
     .await??;
     Ok(HttpResponse::Ok().json(body))
+}
+
+/// The two versions `GET /app-bundle/changes` compares: `?current` (default the active one) and
+/// `?target` (default the newest).
+pub struct Comparison {
+    current: Target,
+    target: Target,
+}
+
+impl FromQuery for Comparison {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
+        let pick = |name: &str, fallback: Target| match query
+            .0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| version_param(v.trim()))
+        {
+            Some(version) if !version.is_empty() => Target::Version(version),
+            _ => fallback,
+        };
+        Ok(Comparison { current: pick("current", Target::Active), target: pick("target", Target::Newest) })
+    }
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

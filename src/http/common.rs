@@ -63,7 +63,7 @@ pub fn report_sync(
 
 /// The query string as ordered pairs (repeated keys kept).
 pub fn query_pairs(req: &HttpRequest) -> Vec<(String, String)> {
-    form_urlencoded::parse(req.query_string().as_bytes()).into_owned().collect()
+    crate::http::extract::QueryPairs::parse(req.query_string()).0
 }
 
 /// Whether `If-None-Match` matches the strong tag `"<hex>"` (docs/api.md §1.6: a list, `*`, and

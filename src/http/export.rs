@@ -13,25 +13,23 @@ use crate::domain::export::{ExportFilter, ExportFormat, ExportRequest};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult};
-use crate::http::extract::{audit_origin, path_param, state, Auth, JsonBody};
+use crate::http::extract::{audit_origin, state, Auth, FromQuery, JsonBody, PathParams, Query, QueryPairs};
 use crate::http::wire::export::{Bucket, ExportJob, FormTypeCount, JobRequest, ObservationStats, Timeline};
 
 /// Export parameters as sent, from the query string and (for jobs) a JSON body.
+/// An export's query, as given (the body of a job may fill what it leaves out).
 #[derive(Default)]
-struct RawParams {
+pub struct RawParams {
     format: Option<String>,
     form_types: Vec<String>,
     since_change_id: Option<String>,
     include_deleted: Option<String>,
 }
 
-impl RawParams {
-    fn from_query(query: &str) -> ApiResult<Self> {
-        let pairs = web::Query::<Vec<(String, String)>>::from_query(query)
-            .map_err(|_| ApiError::bad_request("Malformed query string"))?
-            .into_inner();
+impl FromQuery for RawParams {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
         let mut raw = RawParams::default();
-        for (key, value) in pairs {
+        for (key, value) in query.0.iter().cloned() {
             match key.as_str() {
                 "format" => raw.format = Some(value),
                 "form_type" | "formType" | "schema_type" => raw.form_types.push(value),
@@ -42,7 +40,9 @@ impl RawParams {
         }
         Ok(raw)
     }
+}
 
+impl RawParams {
     /// Fills what the query left out from a JSON object body (the query wins).
     fn merge_body(&mut self, body: &Value) -> ApiResult<()> {
         let body: JobRequest = match body {
@@ -196,9 +196,13 @@ async fn stream(req: &HttpRequest, caller: &AuthUser, request: ExportRequest) ->
         ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("format" = Option<String>, Query, description = "parquet, json or csv")),
     responses((status = 200, body = Binary, content_type = "application/zip"), (status = 400)),
     security(("bearerAuth" = [])))]
-pub async fn parquet(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn parquet(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    Query(raw): Query<RawParams>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
-    let filter = RawParams::from_query(req.query_string())?.filter()?;
+    let filter = raw.filter()?;
     stream(&req, &caller, ExportRequest { format: ExportFormat::Parquet, filter: viewed_by(filter, &caller) })
         .await
 }
@@ -210,9 +214,12 @@ pub async fn parquet(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
         ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("format" = Option<String>, Query, description = "parquet, json or csv")),
     responses((status = 200, body = Binary, content_type = "application/octet-stream"), (status = 400)),
     security(("bearerAuth" = [])))]
-pub async fn data_export(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn data_export(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    Query(raw): Query<RawParams>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
-    let raw = RawParams::from_query(req.query_string())?;
     let request = ExportRequest { format: raw.format()?, filter: viewed_by(raw.filter()?, &caller) };
     stream(&req, &caller, request).await
 }
@@ -226,9 +233,13 @@ pub async fn data_export(req: HttpRequest, Auth(caller): Auth) -> ApiResult<Http
         ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("format" = Option<String>, Query, description = "parquet, json or csv")),
     responses((status = 200, body = Binary, content_type = "application/zip"), (status = 400)),
     security(("bearerAuth" = [])))]
-pub async fn raw_json(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn raw_json(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    Query(raw): Query<RawParams>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
-    let mut filter = RawParams::from_query(req.query_string())?.filter()?;
+    let mut filter = raw.filter()?;
     filter.include_deleted = false;
     stream(&req, &caller, ExportRequest { format: ExportFormat::RawJson, filter: viewed_by(filter, &caller) })
         .await
@@ -244,11 +255,11 @@ pub async fn raw_json(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
 pub async fn create_job(
     req: HttpRequest,
     Auth(caller): Auth,
+    Query(mut raw): Query<RawParams>,
     JsonBody(body): JsonBody,
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let mut raw = RawParams::from_query(req.query_string())?;
     raw.merge_body(&body)?;
     let request = ExportRequest { format: raw.format()?, filter: viewed_by(raw.filter()?, &caller) };
     let details = export_details(&request, false);
@@ -266,9 +277,12 @@ pub async fn create_job(
 #[utoipa::path(get, path = "/dataexport/jobs/{id}", tag = "export", params(("id" = String, Path, description = "The job id")),
     responses((status = 200, body = ExportJob), (status = 404)),
     security(("bearerAuth" = [])))]
-pub async fn get_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn get_job(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
-    let id = path_param(&req, "id")?;
     let st = state(&req)?;
     let job = st.actors.export_jobs.job(id, caller).await?;
     Ok(HttpResponse::Ok().json(ExportJob::from(&job)))
@@ -281,9 +295,12 @@ pub async fn get_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     params(("id" = String, Path, description = "The job id")),
     responses((status = 200, body = Binary, content_type = "application/octet-stream"), (status = 404), (status = 409)),
     security(("bearerAuth" = [])))]
-pub async fn download_job(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn download_job(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
-    let id = path_param(&req, "id")?;
     let st = state(&req)?;
     let file = st.actors.export_jobs.download(id.clone(), caller.clone()).await?;
     // The sweep may remove the file between the answer and the open: that is a 404 too.

@@ -12,7 +12,9 @@ use serde_json::Value;
 
 use crate::auth::{bearer_token, AuthUser};
 use crate::domain::api_version::ApiVersion;
+use crate::domain::attachment::AttachmentId;
 use crate::domain::audit::Origin;
+use crate::domain::bundle::BundleFilePath;
 use crate::domain::sync::push_body::Received;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::http::body_budget::BodyPermit;
@@ -242,23 +244,122 @@ pub fn api_version(req: &HttpRequest) -> ApiVersion {
     req.extensions().get::<ApiVersion>().copied().unwrap_or(ApiVersion::V1_1)
 }
 
-/// A path parameter, percent-decoded exactly once (the router leaves `%2F` and `%25` encoded).
-pub fn path_param(req: &HttpRequest, name: &str) -> ApiResult<String> {
+/// Typed path parameters: `PathParams<AttachmentId>`, `PathParams<(String, String)>`, in the route's order.
+/// Each is percent-decoded exactly once (the router leaves `%2F` and `%25` encoded), must be
+/// UTF-8 without NUL (PostgreSQL text cannot hold NUL: a lookup would fail with a 500), and is
+/// then parsed by its type; anything else is a 400 naming the parameter, before the handler runs.
+pub struct PathParams<T>(pub T);
+
+/// One path parameter's type: built from its checked text, or a 400 naming `name`.
+pub trait PathValue: Sized {
+    fn parse(name: &str, text: String) -> ApiResult<Self>;
+}
+
+impl PathValue for String {
+    fn parse(_: &str, text: String) -> ApiResult<Self> {
+        Ok(text)
+    }
+}
+
+impl PathValue for AttachmentId {
+    fn parse(_: &str, text: String) -> ApiResult<Self> {
+        Ok(AttachmentId::parse(text)?)
+    }
+}
+
+impl PathValue for BundleFilePath {
+    fn parse(name: &str, text: String) -> ApiResult<Self> {
+        BundleFilePath::parse(text).map_err(|e| ApiError::bad_request(e.to_string()).with_path(name))
+    }
+}
+
+/// What a route's parameters make: one value, or a tuple of them in the route's order.
+pub trait FromPath: Sized {
+    fn from_params(params: Vec<(String, String)>) -> ApiResult<Self>;
+}
+
+impl<T: PathValue> FromPath for T {
+    fn from_params(params: Vec<(String, String)>) -> ApiResult<Self> {
+        let mut params = params.into_iter();
+        let (name, text) =
+            params.next().ok_or_else(|| ApiError::internal("a route without its parameter"))?;
+        T::parse(&name, text)
+    }
+}
+
+impl<A: PathValue, B: PathValue> FromPath for (A, B) {
+    fn from_params(params: Vec<(String, String)>) -> ApiResult<Self> {
+        let mut params = params.into_iter();
+        let mut next = || params.next().ok_or_else(|| ApiError::internal("a route without its parameters"));
+        let (a, b) = (next()?, next()?);
+        Ok((A::parse(&a.0, a.1)?, B::parse(&b.0, b.1)?))
+    }
+}
+
+impl<T: FromPath> FromRequest for PathParams<T> {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        std::future::ready(path_texts(req).and_then(T::from_params).map(PathParams))
+    }
+}
+
+/// Every parameter of the matched route as checked text, in order.
+fn path_texts(req: &HttpRequest) -> ApiResult<Vec<(String, String)>> {
     // The router has already decoded most escapes, replacing invalid UTF-8 with U+FFFD; only the
     // raw path shows that a parameter was not text.
     if percent_encoding::percent_decode_str(req.uri().path()).decode_utf8().is_err() {
         return Err(ApiError::bad_request("The request path is not valid UTF-8 once percent-decoded"));
     }
-    let raw = req.match_info().get(name).unwrap_or("");
-    let value = percent_encoding::percent_decode_str(raw)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| ApiError::bad_request(format!("Path parameter '{name}' is not valid UTF-8")))?;
-    // PostgreSQL text cannot hold NUL: refused here, a lookup would fail with a 500.
-    if value.contains('\0') {
-        return Err(ApiError::bad_request(format!("Path parameter '{name}' must not contain NUL")));
+    req.match_info()
+        .iter()
+        .map(|(name, raw)| {
+            let value = percent_encoding::percent_decode_str(raw)
+                .decode_utf8()
+                .map(|s| s.into_owned())
+                .map_err(|_| ApiError::bad_request(format!("Path parameter '{name}' is not valid UTF-8")))?;
+            if value.contains('\0') {
+                return Err(ApiError::bad_request(format!("Path parameter '{name}' must not contain NUL")));
+            }
+            Ok((name.to_owned(), value))
+        })
+        .collect()
+}
+
+/// The query string as ordered pairs (repeated keys kept), each key and value percent-decoded
+/// once (invalid UTF-8 becomes U+FFFD, as browsers do).
+#[derive(Debug, Clone, Default)]
+pub struct QueryPairs(pub Vec<(String, String)>);
+
+impl QueryPairs {
+    pub fn parse(query: &str) -> Self {
+        QueryPairs(form_urlencoded::parse(query.as_bytes()).into_owned().collect())
     }
-    Ok(value)
+}
+
+/// Typed query values: a route's query type reads what it needs from the pairs, and a bad value
+/// is a 400 naming its parameter before the handler runs.
+pub struct Query<T>(pub T);
+
+/// A route's query, built from the query string's pairs.
+pub trait FromQuery: Sized {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self>;
+}
+
+impl FromQuery for QueryPairs {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
+        Ok(query.clone())
+    }
+}
+
+impl<T: FromQuery> FromRequest for Query<T> {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        std::future::ready(T::from_query(&QueryPairs::parse(req.query_string())).map(Query))
+    }
 }
 
 fn peer_ip(req: &HttpRequest) -> IpAddr {

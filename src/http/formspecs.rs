@@ -9,7 +9,7 @@ use crate::domain::formspec::{check_content, is_valid_identifier};
 use crate::domain::role::Role;
 use crate::domain::time;
 use crate::error::{ApiError, ApiResult, ErrorCode, ItemProblem};
-use crate::http::extract::{audit_origin, path_param, state, Auth, JsonBody};
+use crate::http::extract::{audit_origin, state, Auth, JsonBody, PathParams};
 use crate::http::wire::formspecs::{
     FormSpec, FormSpecList, FormSpecListed, FormSpecRequest, FormSpecVersion, FormSpecVersions,
 };
@@ -98,9 +98,12 @@ pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespons
 #[utoipa::path(get, path = "/formspecs/{form_type}", tag = "formspecs",
     params(("form_type" = String, Path, description = "A form type")), responses((status = 200, body = FormSpecVersions), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
-pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn versions(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(form_type): PathParams<String>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
-    let form_type = path_param(&req, "form_type")?;
     let db = state(&req)?.pool.get().await?;
     let versions = db_specs::versions_of(&db, &form_type).await?;
     if versions.is_empty() {
@@ -124,10 +127,12 @@ pub async fn versions(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRes
     params(("form_type" = String, Path, description = "A form type"), ("version" = String, Path, description = "A form spec version")),
     responses((status = 200, body = FormSpec), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
-pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn get_one(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams((form_type, version)): PathParams<(String, String)>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
-    let form_type = path_param(&req, "form_type")?;
-    let version = path_param(&req, "version")?;
     let db = state(&req)?.pool.get().await?;
     let spec = db_specs::get(&db, &form_type, &version)
         .await?

@@ -12,10 +12,9 @@ use crate::domain::role::Role;
 use crate::domain::sync::clamp_limit;
 use crate::domain::sync::encode::synkronus_record;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::common::query_pairs;
 use crate::http::compress::negotiated;
 use crate::http::context::served_by;
-use crate::http::extract::{path_param, state, Auth};
+use crate::http::extract::{state, Auth, FromQuery, PathParams, Query, QueryPairs};
 use crate::http::wire::observations::{History, ObservationPage};
 
 #[derive(Serialize, Deserialize)]
@@ -45,6 +44,59 @@ fn parse_limit(pairs: &[(String, String)]) -> ApiResult<i64> {
     Ok(clamp_limit(parsed))
 }
 
+/// `GET /observations`' query; who may use `all` and `user` is the handler's to decide.
+pub struct ListQuery {
+    all: bool,
+    user: Option<String>,
+    limit: i64,
+    types: Vec<String>,
+    deleted: bool,
+    page_token: Option<String>,
+}
+
+impl FromQuery for ListQuery {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
+        let pairs = &query.0;
+        let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+        Ok(ListQuery {
+            all: parse_bool(get("all"), "all", false)?,
+            user: get("user").filter(|u| !u.is_empty()).map(str::to_string),
+            limit: parse_limit(pairs)?,
+            types: pairs
+                .iter()
+                .filter(|(k, _)| k == "form_type")
+                .flat_map(|(_, v)| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string))
+                .collect(),
+            deleted: parse_bool(get("include_deleted"), "include_deleted", false)?,
+            page_token: get("page_token").filter(|t| !t.is_empty()).map(str::to_string),
+        })
+    }
+}
+
+/// `GET /observations/{id}/history`' query: the page size and the page token's position.
+pub struct HistoryQuery {
+    limit: i64,
+    before: Option<i64>,
+}
+
+impl FromQuery for HistoryQuery {
+    fn from_query(query: &QueryPairs) -> ApiResult<Self> {
+        let pairs = &query.0;
+        let limit = parse_limit(pairs)?;
+        let token =
+            pairs.iter().find(|(k, _)| k == "page_token").map(|(_, v)| v.as_str()).filter(|t| !t.is_empty());
+        let before = match token {
+            None => None,
+            Some(token) => Some(
+                page_token::decode::<HistoryCursor>(TokenKind::History, token)
+                    .ok_or_else(|| ApiError::of(ErrorCode::InvalidPageToken))?
+                    .b,
+            ),
+        };
+        Ok(HistoryQuery { limit, before })
+    }
+}
+
 fn parse_bool(raw: Option<&str>, name: &str, default: bool) -> ApiResult<bool> {
     match raw.map(|s| s.trim().to_ascii_lowercase()) {
         None => Ok(default),
@@ -65,28 +117,24 @@ fn parse_bool(raw: Option<&str>, name: &str, default: bool) -> ApiResult<bool> {
         ("include_deleted" = Option<bool>, Query, description = "Include deleted records"), ("limit" = Option<String>, Query, description = "integer; default 50, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page")),
     responses((status = 200, body = ObservationPage), (status = 400)),
     security(("bearerAuth" = [])))]
-pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn list(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    Query(query): Query<ListQuery>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let pairs = query_pairs(&req);
-    let get = |k: &str| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
-    let all = parse_bool(get("all"), "all", false)?;
-    let user = get("user").filter(|u| !u.is_empty());
+    let ListQuery { all, user, limit, types, deleted, page_token } = query;
     if (all || user.is_some()) && !caller.role.allows(Role::Admin) {
         return Err(ApiError::forbidden());
     }
-    let limit = parse_limit(&pairs)?;
     let mut cursor = ListCursor {
         a: 0,
-        u: if all { user.map(str::to_string) } else { Some(user.unwrap_or(&caller.username).to_string()) },
-        t: pairs
-            .iter()
-            .filter(|(k, _)| k == "form_type")
-            .flat_map(|(_, v)| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string))
-            .collect(),
-        d: parse_bool(get("include_deleted"), "include_deleted", false)?,
+        u: if all { user } else { Some(user.unwrap_or_else(|| caller.username.clone())) },
+        t: types,
+        d: deleted,
     };
-    if let Some(token) = get("page_token").filter(|t| !t.is_empty()) {
+    if let Some(token) = page_token.as_deref() {
         let decoded: ListCursor = page_token::decode(TokenKind::Observations, token)
             .ok_or_else(|| ApiError::of(ErrorCode::InvalidPageToken))?;
         // A token may not widen what the caller is allowed to see.
@@ -144,10 +192,13 @@ pub async fn list(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespons
 #[utoipa::path(get, path = "/observations/{id}", tag = "observations", params(("id" = String, Path, description = "The observation id")),
     responses((status = 200, body = Object), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
-pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn get_one(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(id): PathParams<String>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let id = path_param(&req, "id")?;
     let mut db = st.pool.get().await?;
     // One snapshot for the visibility and the record (docs/api.md §20.4: outside the caller's
     // set, the record is absent).
@@ -174,25 +225,14 @@ pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
     params(("id" = String, Path, description = "The observation id"), ("limit" = Option<String>, Query, description = "integer; default 50, clamped to 500"), ("page_token" = Option<String>, Query, description = "The token of the previous page")),
     responses((status = 200, body = History), (status = 400), (status = 404)),
     security(("bearerAuth" = [])))]
-pub async fn history(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn history(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(id): PathParams<String>,
+    Query(HistoryQuery { limit, before }): Query<HistoryQuery>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
-    let id = path_param(&req, "id")?;
-    let pairs = query_pairs(&req);
-    let limit = parse_limit(&pairs)?;
-    let before = match pairs
-        .iter()
-        .find(|(k, _)| k == "page_token")
-        .map(|(_, v)| v.as_str())
-        .filter(|t| !t.is_empty())
-    {
-        None => None,
-        Some(token) => Some(
-            page_token::decode::<HistoryCursor>(TokenKind::History, token)
-                .ok_or_else(|| ApiError::of(ErrorCode::InvalidPageToken))?
-                .b,
-        ),
-    };
     // A replica that does not know the record yet (it may have been pushed a moment ago) counts
     // as behind: the primary decides whether it exists.
     let served = st

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{ApiError, ApiResult};
 use crate::http::common::{base_path, if_none_match};
-use crate::http::extract::path_param;
+use crate::http::extract::PathParams;
 
 struct Asset {
     name: &'static str,
@@ -80,8 +80,7 @@ pub async fn index(req: HttpRequest) -> HttpResponse {
 }
 
 /// `GET /portal/{file}`: one of the embedded assets, or 404.
-pub async fn file(req: HttpRequest) -> ApiResult<HttpResponse> {
-    let name = path_param(&req, "file")?;
+pub async fn file(req: HttpRequest, PathParams(name): PathParams<String>) -> ApiResult<HttpResponse> {
     if name == "index.html" {
         return Ok(index(req).await);
     }

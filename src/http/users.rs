@@ -11,7 +11,7 @@ use crate::domain::scope::UserAttributes;
 use crate::domain::user as rules;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::http::common::current_user;
-use crate::http::extract::{audit_origin, path_param, state, Auth, JsonBody};
+use crate::http::extract::{audit_origin, state, Auth, JsonBody, PathParams};
 use crate::http::wire::users::{
     ChangePassword, CreateUser, ListedUser, Presence, ResetPassword, UpdateUser, User,
 };
@@ -104,8 +104,11 @@ pub async fn create_v1(req: HttpRequest, caller: Auth, body: JsonBody) -> ApiRes
 /// Role: read-only or above.
 #[utoipa::path(get, path = "/users/{username}", tag = "users", params(("username" = String, Path, description = "A user name")),
     responses((status = 200, body = User), (status = 400), (status = 404)), security(("bearerAuth" = [])))]
-pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
-    let username = path_param(&req, "username")?;
+pub async fn get_one(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(username): PathParams<String>,
+) -> ApiResult<HttpResponse> {
     if caller.username != username {
         caller.require(Role::Admin)?;
     }
@@ -126,11 +129,11 @@ pub async fn get_one(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResp
 pub async fn update(
     req: HttpRequest,
     Auth(caller): Auth,
+    PathParams(username): PathParams<String>,
     JsonBody(body): JsonBody,
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
-    let username = path_param(&req, "username")?;
     let body: UpdateUser = wire::object(&body)?;
     let role = body.role.optional("role")?.map(parse_role).transpose()?;
     let email = parse_email(&body.email)?;
@@ -160,10 +163,13 @@ pub async fn update(
 #[utoipa::path(delete, path = "/users/{username}", tag = "users", params(("username" = String, Path, description = "A user name")),
     responses((status = 200, body = Message), (status = 400), (status = 404), (status = 409)),
     security(("bearerAuth" = [])))]
-pub async fn delete(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpResponse> {
+pub async fn delete(
+    req: HttpRequest,
+    Auth(caller): Auth,
+    PathParams(key): PathParams<String>,
+) -> ApiResult<HttpResponse> {
     caller.require(Role::Admin)?;
     let st = state(&req)?;
-    let key = path_param(&req, "username")?;
     let mut db = st.pool.get().await?;
     let user = match db_users::find_by_username(&db, &key).await? {
         Some(u) => Some(u),
@@ -190,8 +196,8 @@ pub async fn delete(req: HttpRequest, Auth(caller): Auth) -> ApiResult<HttpRespo
 #[utoipa::path(delete, path = "/users/delete/{username}", tag = "users", params(("username" = String, Path, description = "A user name")),
     responses((status = 200, body = Message), (status = 400), (status = 404), (status = 409)),
     security(("bearerAuth" = [])))]
-pub async fn delete_v1(req: HttpRequest, caller: Auth) -> ApiResult<HttpResponse> {
-    delete(req, caller).await
+pub async fn delete_v1(req: HttpRequest, caller: Auth, key: PathParams<String>) -> ApiResult<HttpResponse> {
+    delete(req, caller, key).await
 }
 
 /// Set another user's password

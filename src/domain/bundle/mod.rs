@@ -38,6 +38,7 @@ pub use forms::BUILT_IN_RENDERERS;
 pub use manifest::{
     build_manifest, bundle_hash, format_timestamp, version_manifest, BundleManifest, ManifestFile,
 };
+pub use paths::{BundleFilePath, InvalidFilePath};
 pub use validate::validate_zip;
 pub use version::{declared_version_id, strip_active_marker, version_id_candidates, version_id_from_time};
 

@@ -123,3 +123,54 @@ mod tests {
         assert!(!entry_point_is_acceptable("C:\\index.html"));
     }
 }
+
+/// A file path inside a stored version, as a download names it (docs/api.md §9.4): relative,
+/// without backslashes, NUL, `.` or `..` segments, so it can only name a file of that version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BundleFilePath(String);
+
+/// Why a download's file path was refused (a 400 at the HTTP boundary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("Invalid file path: {0}")]
+pub struct InvalidFilePath(&'static str);
+
+impl BundleFilePath {
+    pub fn parse(path: String) -> Result<Self, InvalidFilePath> {
+        let refuse = |why: &'static str| Err(InvalidFilePath(why));
+        if path.is_empty() {
+            return refuse("the path is empty");
+        }
+        if path.starts_with('/') {
+            return refuse("the path must be relative");
+        }
+        if path.contains('\\') || path.contains('\0') {
+            return refuse("the path contains a backslash or NUL");
+        }
+        if path.split('/').any(|segment| segment == "." || segment == "..") {
+            return refuse("the path contains a '.' or '..' segment");
+        }
+        Ok(BundleFilePath(path))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod file_path_tests {
+    use super::*;
+
+    #[test]
+    fn a_download_path_names_a_file_inside_the_version() {
+        for good in ["index.html", "app/forms/a b.json", "a/.hidden"] {
+            assert_eq!(
+                BundleFilePath::parse(good.to_owned()).map(|p| p.as_str().to_owned()),
+                Ok(good.to_owned())
+            );
+        }
+        for bad in ["", "/etc/passwd", "a\\b", "a\0b", "../x", "a/./b", "a/.."] {
+            assert!(BundleFilePath::parse(bad.to_owned()).is_err(), "{bad:?}");
+        }
+    }
+}
