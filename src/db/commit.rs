@@ -14,6 +14,7 @@ use tokio_postgres::types::{Json, ToSql};
 
 use super::record_row::{self, JsonColumn, Row, Rows};
 use super::records::{self, raw_json};
+use crate::db::scope::ScopeState;
 use crate::db::{stats, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission, Unreadable};
 use crate::monitoring::CommitPhases;
@@ -53,14 +54,16 @@ pub fn keyed_statements() -> [&'static str; 5] {
 
 type Param<'a> = dyn ToSql + Sync + 'a;
 
-/// What a group commit plans from, read under the change-log lock: the head and the repository
-/// generation. A group written ahead plans from the base its predecessor will commit, and commits
-/// only if it reads that same base once it holds the lock (see [`try_lock_at`]): so everything
-/// else another commit could change under a plan must move the base too.
+/// What a group commit plans from, read under the change-log lock: the head, the repository
+/// generation, and the scope sets whose keys it writes (docs/api.md §20). A group written ahead
+/// plans from the base its predecessor will commit, and commits only if it reads that same base
+/// once it holds the lock (see [`try_lock_at`]): so everything else another commit could change
+/// under a plan must move the base too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Base {
     pub head: i64,
     pub repository_generation: i64,
+    pub scope: ScopeState,
 }
 
 /// What a group commit reads under the change-log lock before it plans.
@@ -136,7 +139,15 @@ pub async fn read_ahead(
 }
 
 fn base_of(row: &tokio_postgres::Row) -> DbResult<Base> {
-    Ok(Base { head: row.try_get(0)?, repository_generation: row.try_get(1)? })
+    Ok(Base {
+        head: row.try_get(0)?,
+        repository_generation: row.try_get(1)?,
+        scope: ScopeState {
+            revision: row.try_get(2)?,
+            active_version: row.try_get(3)?,
+            preparing_version: row.try_get(4)?,
+        },
+    })
 }
 
 /// The stored results as read back; one that does not read as a push result stays in the list,
@@ -325,8 +336,8 @@ pub async fn write_plan(
         Ok(())
     };
     let head = async {
-        // Every revision took an id: none means the head stays (a batch of replays).
-        if !plan.revisions.is_empty() {
+        // Every revision and refusal took an id: none means the head stays (a batch of replays).
+        if !plan.revisions.is_empty() || !plan.refusals.is_empty() {
             let statement = db.prepare_cached(records::SET_HEAD_SQL).await?;
             db.execute(&statement, &[&plan.head]).await?;
         }

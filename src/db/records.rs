@@ -21,7 +21,9 @@ use crate::domain::time::UnixMicros;
 pub const CHANGELOG_LOCK: i64 = 0x5359_4e4b_0010;
 pub(super) const LOCK_SQL: &str = "SELECT pg_advisory_xact_lock($1)";
 pub(super) const TRY_LOCK_SQL: &str = "SELECT pg_try_advisory_xact_lock($1)";
-pub(super) const HEAD_SQL: &str = "SELECT head, repository_generation FROM change_head";
+/// The head and generation, and the scope state a commit plans with (`commit::Base`).
+pub(super) const HEAD_SQL: &str = "SELECT c.head, c.repository_generation, s.revision, s.active_version, \
+     s.preparing_version FROM change_head c, scope_state s";
 pub(super) const SET_HEAD_SQL: &str = "UPDATE change_head SET head = $1";
 
 /// A record's state as readers select it (`record_row::select_through`): JSON columns as text,

@@ -376,3 +376,86 @@ async fn every_other_reader_holds_the_visible_set() {
     let (_, status_body) = app.call(Method::GET, "/status", Some(&admin), None).await;
     assert_eq!(status_body["observation_count"], 2);
 }
+
+#[actix_web::test]
+async fn pushes_under_a_set_reach_exactly_their_users_and_updates_outside_it_are_refused_alone() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let north = create_user(&app, &admin, "north", "read-write", json!({"district": ["north"]})).await;
+    let east = create_user(&app, &admin, "east", "read-write", json!({"district": ["east"]})).await;
+    set_rules(&app, &admin, district_rules()).await;
+    let (mut north_phone, mut east_phone) = (Device::new("np"), Device::new("ep"));
+    north_phone.sync(&app, &north, 5).await;
+    east_phone.sync(&app, &east, 5).await;
+
+    push(
+        &app,
+        &admin,
+        "admin",
+        vec![
+            record("h1", "household", json!({"district": "north"})),
+            record("h2", "household", json!({"district": "east"})),
+            record("f1", "facility", json!({})),
+        ],
+    )
+    .await;
+    north_phone.sync(&app, &north, 2).await;
+    east_phone.sync(&app, &east, 2).await;
+    assert_eq!(north_phone.ids(), ["f1", "h1"]);
+    assert_eq!(east_phone.ids(), ["f1", "h2"]);
+
+    // h1 moves to the east: it leaves the north phone (a tombstone) and reaches the east one.
+    push(&app, &admin, "admin", vec![record("h1", "household", json!({"district": "east", "moved": true}))])
+        .await;
+    north_phone.sync(&app, &north, 2).await;
+    east_phone.sync(&app, &east, 2).await;
+    assert_eq!(north_phone.ids(), ["f1"]);
+    assert_eq!(east_phone.ids(), ["f1", "h1", "h2"]);
+    assert_eq!(east_phone.records["h1"], json!({"district": "east", "moved": true}));
+
+    // The north worker may create, and change their own and what they see; an update of a record
+    // outside their set is refused alone, with a tombstone for their device.
+    let body = json!({"transmission_id": "t-north-1", "client_id": "np", "records": [
+        record("own", "visit", json!({"district": "west"})),
+        record("h2", "household", json!({"district": "north", "stolen": true})),
+        record("f1", "facility", json!({"name": "renamed"})),
+    ]});
+    let (status, answer) = app.push(&north, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["success_count"], 2, "{answer}");
+    assert_eq!(
+        answer["failed_records"],
+        json!([{"index": 1, "id": "h2", "error": "OUT_OF_SCOPE",
+        "message": "this record is outside the records you may change; it was not stored"}])
+    );
+    // A retry replays the same answer (the refusal included) and stores nothing.
+    let (status, replay) = app.push(&north, body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(replay["failed_records"], answer["failed_records"]);
+    let (_, h2) = app.call(Method::GET, "/observations/h2", Some(&admin), None).await;
+    assert_eq!(h2["data"], json!({"district": "east"}), "the refused record is untouched");
+    let (_, history) = app.call(Method::GET, "/observations/h2/history", Some(&admin), None).await;
+    assert_eq!(history["revisions"].as_array().unwrap().len(), 1, "{history}");
+    north_phone.sync(&app, &north, 2).await;
+    assert_eq!(north_phone.ids(), ["f1", "own"]);
+    assert_eq!(north_phone.records["f1"], json!({"name": "renamed"}));
+    east_phone.sync(&app, &east, 2).await;
+    assert_eq!(east_phone.ids(), ["f1", "h1", "h2"]);
+    assert_eq!(east_phone.records["f1"], json!({"name": "renamed"}));
+
+    // The spec dialect lists the refusal in `failures`.
+    let (status, spec) = app
+        .push(
+            &north,
+            json!({"transmission_id": "t-north-2", "client_id": "np", "records": [
+            {"id": "h2", "schema_type": "household", "schema_version": "1", "data": {"district": "north"}}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{spec}");
+    assert_eq!(spec["failures"][0]["code"], "OUT_OF_SCOPE", "{spec}");
+    assert_eq!(spec["successes"], json!([]));
+    let (_, history) = app.call(Method::GET, "/observations/h2/history", Some(&admin), None).await;
+    assert_eq!(history["revisions"].as_array().unwrap().len(), 1, "{history}");
+    let (_, stats) = app.call(Method::GET, "/stats/observations", Some(&admin), None).await;
+    assert_eq!(stats["totalCount"], 4, "kept counts unchanged by refusals: {stats}");
+}

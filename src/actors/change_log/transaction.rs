@@ -14,9 +14,10 @@ use super::{AttachmentCommit, CommitError, Event, Job, Pending, PushOutcome, Rep
 use crate::db::attachments::{self, NewAttachment};
 use crate::db::commit::{self, Base};
 use crate::db::records::{self, Head};
+use crate::db::scope::write as scope_write;
 use crate::db::{audit, DbError, DbResult};
 use crate::domain::audit::{Action, Origin};
-use crate::domain::sync::plan::{self, Decision, Outcome, Push};
+use crate::domain::sync::plan::{self, Decision, OutOfScope, Outcome, Push};
 use crate::monitoring::CommitPhases;
 
 #[cfg(debug_assertions)]
@@ -177,7 +178,7 @@ async fn commit(
     let (all_ids, all_need_data) = plan::records_to_read(pushes, &vec![Decision::Apply; pushes.len()]);
     let inputs = commit::lock_and_read(&tx, &clients, &transmission_ids, &all_ids, &all_need_data).await?;
     phases.lap("lock_and_read");
-    let Base { head, repository_generation } = inputs.base;
+    let Base { head, repository_generation, scope } = inputs.base;
     let decisions = plan::decide(pushes, inputs.transmissions, repository_generation);
     let mut states = inputs.states;
     let (ids, _) = plan::records_to_read(pushes, &decisions);
@@ -185,18 +186,34 @@ async fn commit(
         // Only the records this batch writes count as overwritten.
         states.retain(|id, _| ids.binary_search(&id.as_str()).is_ok());
     }
+    // Scoped sync (docs/api.md §20): the keys to write, and the updates to refuse.
+    let scoped = scope_write::commit_scope(&tx, scope).await?;
+    let out_of_scope = match &scoped {
+        Some(s) if s.enforce => scope_write::out_of_scope_of(&tx, pushes, &decisions, &states).await?,
+        _ => OutOfScope::new(),
+    };
 
     // Server time is the commit time; microseconds, as the database stores it.
     let now = Utc::now().trunc_subsecs(6);
-    let plan = plan::plan(pushes, &decisions, &states, head, repository_generation, now);
-    reporter.planned(Base { head: plan.head, repository_generation });
+    let plan = plan::plan(pushes, &decisions, &states, head, repository_generation, now, &out_of_scope);
+    reporter.planned(Base { head: plan.head, repository_generation, scope });
     #[cfg(debug_assertions)]
     reporter.pause(Point::Planned).await;
     // Records that existed before this batch and that it overwrites: their current state is
-    // archived as a superseded revision.
-    let overwritten: Vec<&str> = states.keys().map(String::as_str).collect();
+    // archived as a superseded revision. A record refused to every push that named it keeps it.
+    let overwritten: Vec<&str> = if plan.refusals.is_empty() {
+        states.keys().map(String::as_str).collect()
+    } else {
+        let revised: std::collections::HashSet<&str> =
+            plan.revisions.iter().map(|r| r.record.id.as_str()).collect();
+        states.keys().map(String::as_str).filter(|id| revised.contains(id)).collect()
+    };
     phases.lap("plan");
     commit::write_plan(&tx, pushes, &plan, &overwritten, now, phases).await?;
+    if let Some(scoped) = &scoped {
+        scope_write::write_plan(&tx, scoped, &plan, &states).await?;
+        phases.lap("scope");
+    }
     reporter.wrote();
     tx.commit().await?;
     phases.lap("commit");
@@ -223,13 +240,19 @@ async fn commit_ahead(
         tx.rollback().await?;
         return Ok(None);
     }
-    let Base { head, repository_generation } = ahead.base;
+    let Base { head, repository_generation, scope } = ahead.base;
     let decisions = plan::decide(pushes, transmissions, repository_generation);
     let now = Utc::now().trunc_subsecs(6);
-    let plan = plan::plan(pushes, &decisions, &states, head, repository_generation, now);
-    reporter.planned(Base { head: plan.head, repository_generation });
+    // New records only (see above): nothing to refuse; their keys are those of the base's sets,
+    // which the lock's base check below confirms.
+    let plan = plan::plan(pushes, &decisions, &states, head, repository_generation, now, &OutOfScope::new());
+    reporter.planned(Base { head: plan.head, repository_generation, scope });
     phases.lap("plan");
     commit::write_ahead(&tx, pushes, &plan, now, phases).await?;
+    if let Some(scoped) = scope_write::commit_scope(&tx, scope).await? {
+        scope_write::write_plan(&tx, &scoped, &plan, &states).await?;
+        phases.lap("scope");
+    }
     #[cfg(debug_assertions)]
     reporter.pause(Point::WroteAhead).await;
     let predecessor_committed = ahead.predecessor.await.unwrap_or(false);

@@ -23,7 +23,7 @@ use crate::db::{DbError, DbResult};
 use crate::domain::scope::{Family, KeyPlan, ScopeRules};
 
 /// The set in force and the one being prepared, as one snapshot saw them.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScopeState {
     /// 0 when no set is in force.
     pub active_version: i64,

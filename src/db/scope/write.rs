@@ -4,9 +4,15 @@
 //! refused. Also the one read the commit needs: which of a push's records its pusher may not
 //! touch.
 
+use std::collections::HashMap;
+
 use deadpool_postgres::GenericClient;
 
-use crate::db::DbResult;
+use crate::db::scope::{rules_of, ScopeState};
+use crate::db::{DbError, DbResult};
+use crate::domain::scope::refs::attachment_refs;
+use crate::domain::scope::{KeyPlan, ScopeRules};
+use crate::domain::sync::plan::{CurrentState, Decision, OutOfScope, Plan, Push};
 
 /// The final state of each record a commit wrote: its id, the change_id it was written at, its
 /// keys and the attachments it names, and whether it existed before the commit.
@@ -143,4 +149,77 @@ pub async fn out_of_scope(
         )
         .await?;
     Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+/// What a commit writes for scoped sync, as the versions in its base say: the key plan of the set
+/// in force and of the one being prepared, and whether a set is in force (then updates outside a
+/// pusher's set are refused).
+pub struct CommitScope {
+    pub keys: KeyPlan,
+    pub enforce: bool,
+}
+
+/// `None` when no set is in force or being prepared: the commit writes nothing for scopes.
+pub async fn commit_scope(db: &impl GenericClient, state: ScopeState) -> DbResult<Option<CommitScope>> {
+    if state.active_version == 0 && state.preparing_version.is_none() {
+        return Ok(None);
+    }
+    let active = rules_of(db, state.active_version).await?;
+    let preparing = match state.preparing_version {
+        Some(version) => rules_of(db, version).await?,
+        None => None,
+    };
+    let mut families = active.as_deref().map(ScopeRules::families).unwrap_or_default();
+    families.extend(preparing.as_deref().map(ScopeRules::families).unwrap_or_default());
+    Ok(Some(CommitScope { keys: KeyPlan::new(&families), enforce: state.active_version > 0 }))
+}
+
+/// The stored records of the applied pushes that their pushers may not change (see
+/// [`out_of_scope`]), as the plan takes them.
+pub async fn out_of_scope_of(
+    db: &impl GenericClient,
+    pushes: &[&Push],
+    decisions: &[Decision],
+    stored: &HashMap<String, CurrentState>,
+) -> DbResult<OutOfScope> {
+    let (mut ids, mut pushers) = (Vec::new(), Vec::new());
+    for (push, decision) in pushes.iter().zip(decisions) {
+        if !matches!(decision, Decision::Apply) {
+            continue;
+        }
+        for record in push.records.iter().filter(|r| stored.contains_key(&r.id)) {
+            ids.push(record.id.as_str());
+            pushers.push(push.pushed_by.as_str());
+        }
+    }
+    Ok(out_of_scope(db, &ids, &pushers).await?.into_iter().map(|(id, pusher)| (pusher, id)).collect())
+}
+
+/// Writes the keys and attachment references of the records the plan leaves current, and the
+/// tombstones of its refusals.
+pub async fn write_plan(
+    db: &impl GenericClient,
+    scope: &CommitScope,
+    plan: &Plan<'_>,
+    stored: &HashMap<String, CurrentState>,
+) -> DbResult<()> {
+    let mut superseded = vec![false; plan.revisions.len()];
+    for &i in &plan.superseded_in_batch {
+        superseded[i] = true;
+    }
+    let mut written = WrittenRecords::default();
+    for (revision, _) in plan.revisions.iter().zip(&superseded).filter(|(_, superseded)| !**superseded) {
+        let id = revision.record.id.as_str();
+        let data = revision.data.get();
+        let unreadable =
+            |e: serde_json::Error| DbError::Other(format!("record {id}: data is not JSON: {e}").into());
+        let keys = scope.keys.record_keys(&revision.record.form_type, data).map_err(unreadable)?;
+        let refs = attachment_refs(data).map_err(unreadable)?;
+        written.push(id, revision.change_id, stored.contains_key(id), keys, refs);
+    }
+    write(db, &written).await?;
+    let pushers: Vec<&str> = plan.refusals.iter().map(|r| r.pushed_by).collect();
+    let records: Vec<&str> = plan.refusals.iter().map(|r| r.record_id).collect();
+    let changes: Vec<i64> = plan.refusals.iter().map(|r| r.change_id).collect();
+    address_tombstones(db, &pushers, &records, &changes).await
 }

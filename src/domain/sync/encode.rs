@@ -67,15 +67,33 @@ pub fn synkronus_record(r: &StoredRecord) -> Map<String, Value> {
 struct SynkronusPush<'a> {
     current_version: i64,
     success_count: usize,
-    failed_records: [Value; 0],
+    failed_records: Vec<FailedRecord<'a>>,
     warnings: &'a [Warning],
     repository_generation: i64,
+}
+
+/// A record refused alone (docs/api.md §20.4), as the synkronus dialect's `failed_records`
+/// lists it; the spec dialect's `failures` add the code and message under their own names.
+#[derive(Serialize)]
+struct FailedRecord<'a> {
+    index: usize,
+    id: &'a str,
+    error: &'a str,
+    message: &'a str,
+}
+
+#[derive(Serialize)]
+struct SpecFailure<'a> {
+    id: &'a str,
+    code: &'a str,
+    message: &'a str,
+    index: usize,
 }
 
 #[derive(Serialize)]
 struct SpecPush<'a> {
     successes: Vec<SpecSuccess<'a>>,
-    failures: [Value; 0],
+    failures: Vec<SpecFailure<'a>>,
     warnings: &'a [Warning],
     change_cutoff: i64,
     repository_generation: i64,
@@ -115,7 +133,11 @@ pub fn push_response(dialect: Dialect, result: &PushResult) -> Value {
         Dialect::Synkronus => serde_json::to_value(SynkronusPush {
             current_version: head,
             success_count: result.items.len(),
-            failed_records: [],
+            failed_records: result
+                .refused
+                .iter()
+                .map(|r| FailedRecord { index: r.index, id: &r.id, error: &r.code, message: &r.message })
+                .collect(),
             warnings: &result.warnings,
             repository_generation,
         }),
@@ -125,14 +147,21 @@ pub fn push_response(dialect: Dialect, result: &PushResult) -> Value {
                 .iter()
                 .map(|(id, change_id)| SpecSuccess { id, change_id: *change_id })
                 .collect(),
-            failures: [],
+            failures: result
+                .refused
+                .iter()
+                .map(|r| SpecFailure { id: &r.id, code: &r.code, message: &r.message, index: r.index })
+                .collect(),
             warnings: &result.warnings,
             change_cutoff: head,
             repository_generation,
         }),
         Dialect::Camel => {
-            let (conflicts, warnings): (Vec<&Warning>, Vec<&Warning>) =
+            let (conflicts, mut warnings): (Vec<&Warning>, Vec<&Warning>) =
                 result.warnings.iter().partition(|w| w.code == "CONFLICT_OVERWRITTEN");
+            // The camel dialect has no per-record failures: a refusal is told as a warning.
+            let refusals: Vec<Warning> = result.refused.iter().map(Warning::from_refused).collect();
+            warnings.extend(refusals.iter());
             let conflicts = conflicts
                 .into_iter()
                 .map(|w| CamelConflict {

@@ -212,6 +212,7 @@ proptest! {
             repository_generation: 1,
             items: again.records.iter().enumerate().map(|(i, r)| (r.id.clone(), i as i64 + 1)).collect(),
             warnings: vec![],
+            refused: vec![],
         };
         prop_assert!(push_response(dialect, &result).is_object());
     }

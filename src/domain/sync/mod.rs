@@ -210,6 +210,18 @@ pub struct Warning {
 }
 
 impl Warning {
+    /// A refused record, told as a warning where the dialect has no per-record failures.
+    pub fn from_refused(refused: &Refused) -> Self {
+        Warning {
+            id: refused.id.clone(),
+            code: refused.code.clone(),
+            message: refused.message.clone(),
+            base_version: None,
+            server_version: None,
+            errors: None,
+        }
+    }
+
     pub fn missing_form_type(id: &str, form_type_key: &str) -> Self {
         Warning {
             id: id.to_string(),
@@ -255,6 +267,30 @@ pub struct PushResult {
     /// (record id, change_id) in request order.
     pub items: Vec<(String, i64)>,
     pub warnings: Vec<Warning>,
+    /// Records refused one by one while the rest landed (docs/api.md §20.4: `OUT_OF_SCOPE`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<Refused>,
+}
+
+/// A record of a push that was not stored while the others were.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Refused {
+    /// Its position in the push's record list.
+    pub index: usize,
+    pub id: String,
+    pub code: String,
+    pub message: String,
+}
+
+impl Refused {
+    pub fn out_of_scope(index: usize, id: &str) -> Self {
+        Refused {
+            index,
+            id: id.to_owned(),
+            code: "OUT_OF_SCOPE".into(),
+            message: "this record is outside the records you may change; it was not stored".into(),
+        }
+    }
 }
 
 fn first_generation() -> i64 {

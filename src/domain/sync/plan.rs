@@ -13,15 +13,18 @@
 //!   record keeps its owner and creation time;
 //! - retries are idempotent: a transmission already stored replays its result, a second copy in
 //!   the same batch replays the first's, and another payload under the same id is a mismatch; a
-//!   stored result that cannot be read fails that push alone, and is never planned over.
+//!   stored result that cannot be read fails that push alone, and is never planned over;
+//! - a stored record its pusher may not change (docs/api.md §20.4) is refused alone: it gets no
+//!   revision, the rest of the push lands, and the refusal takes the next change_id for the
+//!   tombstone addressed to the pusher (ids stay dense).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 
-use super::{empty_object, IncomingRecord, PushResult, Warning};
+use super::{empty_object, IncomingRecord, PushResult, Refused, Warning};
 
 /// A validated push, ready to commit.
 #[derive(Debug, Clone)]
@@ -166,10 +169,22 @@ pub struct PlannedRevision<'a> {
     pub conflict: bool,
 }
 
+/// A record a push may not change, and the change_id of the tombstone addressed to its pusher.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedRefusal<'a> {
+    pub pushed_by: &'a str,
+    pub record_id: &'a str,
+    pub change_id: i64,
+}
+
+/// The (pusher, record id) pairs of stored records that pusher may not change.
+pub type OutOfScope = HashSet<(String, String)>;
+
 /// Everything a group commit writes.
 #[derive(Debug)]
 pub struct Plan<'a> {
     pub revisions: Vec<PlannedRevision<'a>>,
+    pub refusals: Vec<PlannedRefusal<'a>>,
     /// Indexes into `revisions` of those that a later revision of the same record replaces: they
     /// go to the history, the others become current states.
     pub superseded_in_batch: Vec<usize>,
@@ -203,6 +218,7 @@ pub fn plan<'a>(
     head: i64,
     repository_generation: i64,
     now: DateTime<Utc>,
+    out_of_scope: &OutOfScope,
 ) -> Plan<'a> {
     let mut latest: HashMap<&str, Latest> = stored
         .iter()
@@ -219,6 +235,7 @@ pub fn plan<'a>(
         .collect();
     let mut plan = Plan {
         revisions: Vec::with_capacity(applied(pushes, decisions).map(|p| p.records.len()).sum()),
+        refusals: Vec::new(),
         superseded_in_batch: Vec::new(),
         results: vec![None; pushes.len()],
         head,
@@ -226,7 +243,7 @@ pub fn plan<'a>(
     };
     for (i, (push, decision)) in pushes.iter().zip(decisions).enumerate() {
         if matches!(decision, Decision::Apply) {
-            plan.results[i] = Some(plan.apply(push, &mut latest, now));
+            plan.results[i] = Some(plan.apply(push, &mut latest, now, out_of_scope));
         }
     }
     let head = plan.head;
@@ -243,12 +260,27 @@ impl<'a> Plan<'a> {
         push: &'a Push,
         latest: &mut HashMap<&'a str, Latest<'a>>,
         now: DateTime<Utc>,
+        out_of_scope: &OutOfScope,
     ) -> PushResult {
         let mut items = Vec::with_capacity(push.records.len());
         let mut warnings = push.warnings.clone();
+        let mut refused = Vec::new();
         for (index, rec) in push.records.iter().enumerate() {
             self.head += 1;
             let prev = latest.get(rec.id.as_str()).copied();
+            // Only a stored state can be out of the pusher's scope: what this batch wrote is
+            // theirs or another pusher's of the same commit, judged when it is stored.
+            let stored = prev.is_some_and(|s| s.batch_index.is_none());
+            if stored && out_of_scope.contains(&(push.pushed_by.clone(), rec.id.clone())) {
+                self.refusals.push(PlannedRefusal {
+                    pushed_by: &push.pushed_by,
+                    record_id: &rec.id,
+                    change_id: self.head,
+                });
+                warnings.retain(|(i, _)| *i != index);
+                refused.push(Refused::out_of_scope(index, &rec.id));
+                continue;
+            }
             let overwrote = prev.map(|s| s.change_id);
             let conflict = match (rec.base_version, overwrote) {
                 (Some(base), Some(current)) if base < current => {
@@ -290,6 +322,7 @@ impl<'a> Plan<'a> {
             repository_generation: self.repository_generation,
             items,
             warnings: warnings.into_iter().map(|(_, w)| w).collect(),
+            refused,
         }
     }
 

@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use serde_json::value::RawValue;
 
 use super::*;
+use crate::domain::sync::Refused;
 use crate::testing::config;
 
 fn now() -> DateTime<Utc> {
@@ -65,7 +66,7 @@ fn stored(entries: &[(&str, i64, &str)]) -> HashMap<String, CurrentState> {
 /// Decides and plans `pushes` against `states`, at head 10 in generation 1.
 fn run<'a>(pushes: &[&'a Push], states: &'a HashMap<String, CurrentState>) -> (Vec<Decision>, Plan<'a>) {
     let decisions = decide(pushes, Vec::new(), 1);
-    let plan = plan(pushes, &decisions, states, 10, 1, now());
+    let plan = plan(pushes, &decisions, states, 10, 1, now(), &OutOfScope::new());
     (decisions, plan)
 }
 
@@ -158,8 +159,13 @@ fn stored_and_same_batch_transmissions_replay_and_other_payloads_mismatch() {
     let other = push(Some("t1"), &["b"]);
     let old = push(Some("t0"), &["c"]);
     let old_changed = push(Some("t0"), &["d"]);
-    let stored_result =
-        PushResult { head: 3, repository_generation: 1, items: vec![("c".into(), 3)], warnings: vec![] };
+    let stored_result = PushResult {
+        head: 3,
+        repository_generation: 1,
+        items: vec![("c".into(), 3)],
+        warnings: vec![],
+        refused: vec![],
+    };
     let stored = vec![StoredTransmission {
         client_id: "phone".into(),
         transmission_id: "t0".into(),
@@ -179,7 +185,7 @@ fn stored_and_same_batch_transmissions_replay_and_other_payloads_mismatch() {
         ]
     );
     let states = HashMap::new();
-    let plan = plan(&pushes, &decisions, &states, 10, 1, now());
+    let plan = plan(&pushes, &decisions, &states, 10, 1, now(), &OutOfScope::new());
     assert_eq!(plan.head, 11, "only the first push stores anything");
     let applied = plan.results[0].clone().unwrap();
     assert_eq!(
@@ -210,7 +216,7 @@ fn a_stored_result_that_cannot_be_read_fails_its_retry_and_plans_nothing_for_it(
     let decisions = decide(&pushes, stored, 1);
     assert_eq!(decisions, [Decision::Unreadable(unreadable.clone()), Decision::Mismatch, Decision::Apply]);
     let states = HashMap::new();
-    let plan = plan(&pushes, &decisions, &states, 10, 1, now());
+    let plan = plan(&pushes, &decisions, &states, 10, 1, now(), &OutOfScope::new());
     assert_eq!(plan.head, 11, "the rest of the batch lands");
     assert_eq!(plan.transmissions(&pushes).count(), 1, "the unreadable result is not stored again");
     assert_eq!(plan.outcomes(decisions)[..2], [Outcome::Unreadable(unreadable), Outcome::Mismatch]);
@@ -225,7 +231,7 @@ fn another_generation_stores_nothing() {
     let decisions = decide(&[&p, &q], Vec::new(), 2);
     assert_eq!(decisions, [Decision::ResetRequired, Decision::Apply]);
     let states = HashMap::new();
-    let plan = plan(&[&p, &q], &decisions, &states, 10, 2, now());
+    let plan = plan(&[&p, &q], &decisions, &states, 10, 2, now(), &OutOfScope::new());
     assert_eq!(plan.outcomes(decisions)[0], Outcome::ResetRequired(2));
     assert_eq!(plan.results[1].as_ref().unwrap().repository_generation, 2);
 }
@@ -327,7 +333,13 @@ fn arb_batch() -> impl Strategy<Value = Batch> {
                     result: if unreadable {
                         Err(Unreadable("invalid type".into()))
                     } else {
-                        Ok(PushResult { head: 1, repository_generation: 1, items: vec![], warnings: vec![] })
+                        Ok(PushResult {
+                            head: 1,
+                            repository_generation: 1,
+                            items: vec![],
+                            warnings: vec![],
+                            refused: vec![],
+                        })
                     },
                 })
                 .collect();
@@ -376,7 +388,7 @@ proptest! {
     fn ids_are_dense_and_in_push_then_record_order(b in arb_batch()) {
         let pushes: Vec<&Push> = b.pushes.iter().collect();
         let decisions = decide(&pushes, b.transmissions.clone(), 1);
-        let plan = plan(&pushes, &decisions, &b.states, b.head, 1, now());
+        let plan = plan(&pushes, &decisions, &b.states, b.head, 1, now(), &OutOfScope::new());
         let expected: Vec<(*const IncomingRecord, i64)> = pushes
             .iter()
             .zip(&decisions)
@@ -404,7 +416,7 @@ proptest! {
     fn each_record_has_one_unbroken_revision_chain(b in arb_batch()) {
         let pushes: Vec<&Push> = b.pushes.iter().collect();
         let decisions = decide(&pushes, b.transmissions.clone(), 1);
-        let plan = plan(&pushes, &decisions, &b.states, b.head, 1, now());
+        let plan = plan(&pushes, &decisions, &b.states, b.head, 1, now(), &OutOfScope::new());
         let mut chains: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (i, r) in plan.revisions.iter().enumerate() {
             chains.entry(r.record.id.as_str()).or_default().push(i);
@@ -433,7 +445,7 @@ proptest! {
     fn replaying_a_committed_batch_changes_nothing(b in arb_batch()) {
         let pushes: Vec<&Push> = b.pushes.iter().collect();
         let decisions = decide(&pushes, b.transmissions.clone(), 1);
-        let first = plan(&pushes, &decisions, &b.states, b.head, 1, now());
+        let first = plan(&pushes, &decisions, &b.states, b.head, 1, now(), &OutOfScope::new());
         let mut stored = b.transmissions.clone();
         stored.extend(first.transmissions(&pushes).map(|(p, tid, result)| StoredTransmission {
             client_id: p.client_id.clone(),
@@ -446,7 +458,7 @@ proptest! {
         // The same pushes again, as retries after the commit: each named one gets its answer again.
         let again = decide(&pushes, stored, 1);
         let states = HashMap::new();
-        let second = plan(&pushes, &again, &states, first.head, 1, now());
+        let second = plan(&pushes, &again, &states, first.head, 1, now(), &OutOfScope::new());
         for (i, (answer, retry)) in answers.iter().zip(second.outcomes(again)).enumerate() {
             if pushes[i].transmission_id.is_none() || matches!(answer, Outcome::ResetRequired(_)) {
                 continue;
@@ -465,4 +477,30 @@ proptest! {
             .sum();
         prop_assert_eq!(second.head, first.head + unnamed as i64, "only pushes without a transmission id apply again");
     }
+}
+
+#[test]
+fn a_stored_record_out_of_the_pushers_scope_is_refused_alone() {
+    let mut bob = push(Some("t2"), &["x", "theirs"]);
+    bob.pushed_by = "bob".into();
+    let alice = push(Some("t1"), &["new", "theirs", "mine"]);
+    let pushes = [&alice, &bob];
+    let decisions = decide(&pushes, Vec::new(), 1);
+    let states = stored(&[("theirs", 3, "carol"), ("mine", 4, "alice")]);
+    let out_of_scope: OutOfScope = [("alice".to_string(), "theirs".to_string())].into_iter().collect();
+    let plan = plan(&pushes, &decisions, &states, 10, 1, now(), &out_of_scope);
+    // Ids stay dense: the refusal takes one for the tombstone addressed to alice.
+    assert_eq!(plan.head, 15);
+    assert_eq!(plan.refusals.len(), 1);
+    assert_eq!(
+        (plan.refusals[0].pushed_by, plan.refusals[0].record_id, plan.refusals[0].change_id),
+        ("alice", "theirs", 12)
+    );
+    let ids: Vec<(&str, i64)> = plan.revisions.iter().map(|r| (r.record.id.as_str(), r.change_id)).collect();
+    assert_eq!(ids, [("new", 11), ("mine", 13), ("x", 14), ("theirs", 15)], "bob may change it");
+    let result = plan.results[0].as_ref().unwrap();
+    assert_eq!(result.items, [("new".to_string(), 11), ("mine".to_string(), 13)]);
+    assert_eq!(result.refused, [Refused::out_of_scope(1, "theirs")]);
+    assert_eq!(result.head, 15);
+    assert!(plan.results[1].as_ref().unwrap().refused.is_empty());
 }
