@@ -459,3 +459,90 @@ async fn pushes_under_a_set_reach_exactly_their_users_and_updates_outside_it_are
     let (_, stats) = app.call(Method::GET, "/stats/observations", Some(&admin), None).await;
     assert_eq!(stats["totalCount"], 4, "kept counts unchanged by refusals: {stats}");
 }
+
+fn fixture(name: &str) -> Value {
+    let path = format!("{}/tests/fixtures/upstream/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_slice(&std::fs::read(path).expect("fixture")).expect("fixture JSON")
+}
+
+#[actix_web::test]
+async fn real_clients_pull_scoped_data_unmodified() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let worker = create_user(&app, &admin, "midwest", "read-only", json!({"state": ["IL", "WI"]})).await;
+    set_rules(
+        &app,
+        &admin,
+        json!([{"name": "regional: people of their states", "applies_to": {"roles": ["read-only"]},
+                "form_types": ["person_registration"], "where": {"field": "address.state", "in_attribute": "state"}}]),
+    )
+    .await;
+    // The records as the synk command-line client pushes them.
+    let (status, body) = app.push(&admin, fixture("test_observations.json")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // Formulus 2026: x-ode-version, the generation header, `since.version` only, pages of 2.
+    let generation = body["repository_generation"].as_i64().unwrap();
+    let formulus = |req: reqwest::RequestBuilder| {
+        req.bearer_auth(&worker)
+            .header("x-ode-version", "1.4.2")
+            .header("x-ode-client-id", "formulus-1")
+            .header("x-repository-generation", generation.to_string())
+    };
+    let mut cursor = 0;
+    let mut held = BTreeMap::new();
+    loop {
+        let res = formulus(app.client.post(app.url("/api/sync/pull?limit=2")))
+            .json(&json!({"client_id": "formulus-1", "since": {"version": cursor}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let body: Value = res.json().await.unwrap();
+        for r in body["records"].as_array().unwrap() {
+            held.insert(r["observation_id"].as_str().unwrap().to_owned(), r["deleted"] == json!(true));
+        }
+        if body["has_more"] == json!(true) {
+            cursor = body["change_cutoff"].as_i64().unwrap();
+        } else {
+            cursor = body["current_version"].as_i64().unwrap();
+            break;
+        }
+    }
+    assert_eq!(held, BTreeMap::from([("obs_001".to_owned(), false), ("obs_002".to_owned(), false)]));
+
+    // The spec dialect (GET, as the interface specification's clients) and camel (desktop).
+    let (status, spec) =
+        app.call(Method::GET, "/sync/pull?client_id=desk&since=0&limit=50", Some(&worker), None).await;
+    assert_eq!(status, StatusCode::OK, "{spec}");
+    let ids: Vec<&str> =
+        spec["records"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["obs_001", "obs_002"]);
+    let (status, camel) = app
+        .call(
+            Method::POST,
+            "/sync/pull",
+            Some(&worker),
+            Some(json!({"clientId": "web", "currentVersion": 0})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{camel}");
+    assert_eq!(camel["changes"]["observations"].as_array().unwrap().len(), 2, "{camel}");
+
+    // synk's deletion of all ten: the device receives tombstones of its two, nothing else.
+    let (status, body) = app.push(&admin, fixture("test_delete_observations.json")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let res = formulus(app.client.post(app.url("/api/sync/pull?limit=50")))
+        .json(&json!({"client_id": "formulus-1", "since": {"version": cursor}}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = res.json().await.unwrap();
+    let pulled: Vec<(&str, bool)> = body["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["observation_id"].as_str().unwrap(), r["deleted"] == json!(true)))
+        .collect();
+    assert_eq!(pulled, [("obs_001", true), ("obs_002", true)]);
+}
