@@ -14,6 +14,7 @@ pub mod import;
 pub mod memory;
 pub mod monitoring;
 pub mod schema_check;
+pub mod shutdown;
 pub mod startup;
 pub mod state;
 pub mod storage;

@@ -16,8 +16,8 @@ const TICK: Duration = Duration::from_secs(1);
 /// Above mimalloc's largest size class (512 KiB): a block of its own page.
 const HUGE_BLOCK: usize = 1 << 20;
 
-pub fn spawn_purge_tick() {
-    actix::spawn(async {
+pub fn spawn_purge_tick(tasks: &crate::shutdown::Tasks) {
+    tasks.spawn(async {
         let mut tick = tokio::time::interval(TICK);
         loop {
             tick.tick().await;

@@ -23,6 +23,7 @@ use crate::domain::audit::{Action, Origin};
 use crate::domain::role::Role;
 use crate::domain::user::{DEFAULT_ADMIN_PASSWORD, DEFAULT_ADMIN_USERNAME};
 use crate::http;
+use crate::shutdown::{InFlight, Signals, Tasks, CLOSE_DEADLINE, DRAIN_DEADLINE, TASKS_DEADLINE};
 use crate::state::AppState;
 
 /// The database name inside the embedded cluster.
@@ -36,6 +37,10 @@ pub struct Application {
     state: AppState,
     /// The METRICS_PORT listener and its port.
     metrics: Option<(Server, u16)>,
+    /// The server's background tasks, stopped after the listener.
+    tasks: Tasks,
+    /// The requests being answered, drained before the listener closes.
+    in_flight: InFlight,
 }
 
 /// `/metrics` alone, without authentication, on its own port (docs/api.md §14).
@@ -177,10 +182,11 @@ impl Application {
             config.replica_max_wait,
             config.replica_max_lag,
         )?;
-        let actors = crate::actors::start(&config, &pool, conn, &reads, &clock, &storage).await?;
+        let tasks = Tasks::default();
+        let actors = crate::actors::start(&config, &pool, conn, &reads, &clock, &storage, &tasks).await?;
         let login_limiter = Arc::new(LoginLimiter::new(config.rate_limit_login_per_min, pool.clone()));
-        login_limiter.spawn_sweeper();
-        crate::memory::spawn_purge_tick();
+        login_limiter.spawn_sweeper(&tasks);
+        crate::memory::spawn_purge_tick(&tasks);
 
         let state = AppState {
             config: config.clone(),
@@ -205,23 +211,29 @@ impl Application {
             .with_context(|| format!("cannot listen on {}:{}", config.bind_address, config.port))?;
         let port = listener.local_addr()?.port();
         let app_state = web::Data::new(state.clone());
+        let in_flight = InFlight::default();
+        let counted = web::Data::new(in_flight.clone());
         let cors_origins = config.cors_allowed_origins.clone();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(app_state.clone())
+                .app_data(counted.clone())
                 .configure(http::configure)
                 .default_service(web::to(http::routing::not_found))
                 .wrap(from_fn(http::metrics::record))
                 .wrap(http::cors::cors(&cors_origins))
                 .wrap(NormalizePath::new(TrailingSlash::Trim))
                 .wrap(from_fn(http::context::request_context))
+                .wrap(from_fn(crate::shutdown::count_in_flight))
         })
         // A streamed answer (a pull page, an export) is written a chunk at a time; with Nagle's
         // algorithm each chunk's last, short segment waited for the client's delayed ACK of the
         // previous one: 40 ms per pull page on a kept-alive connection.
         .tcp_nodelay(true)
         .listen(listener)?
-        .shutdown_timeout(30)
+        // Signals are handled by `run_until_stopped`, which drains before it stops the listener.
+        .disable_signals()
+        .shutdown_timeout(CLOSE_DEADLINE.as_secs())
         .run();
         tracing::info!(port, "listening");
         record_start(&state).await?;
@@ -230,7 +242,7 @@ impl Application {
             Some(metrics_port) => Some(metrics_server(&config, metrics_port, web::Data::new(state.clone()))?),
             None => None,
         };
-        Ok(Application { port, server, embedded: None, state, metrics })
+        Ok(Application { port, server, embedded: None, state, metrics, tasks, in_flight })
     }
 
     pub fn port(&self) -> u16 {
@@ -251,23 +263,76 @@ impl Application {
         self.server.handle()
     }
 
-    /// Serves until SIGINT/SIGTERM (actix drains in-flight requests for up to 30 s), then stops
-    /// the embedded cluster.
+    /// Serves until SIGTERM or SIGINT, then stops in order (docs/operations.md, "Stopping"):
+    /// `/ready` answers 503 at once while the requests in flight are answered (new ones too, for
+    /// at most [`DRAIN_DEADLINE`]); the listener closes; the background tasks stop (at most
+    /// [`TASKS_DEADLINE`]); the embedded cluster stops last. A second signal skips the wait.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let metrics = self.metrics.map(|(server, _)| {
+        let Application { server, embedded, state, metrics, tasks, in_flight, .. } = self;
+        let mut signals = Signals::listen()?;
+        let metrics = metrics.map(|(server, _)| {
             let handle = server.handle();
             actix_web::rt::spawn(server);
             handle
         });
-        let result = self.server.await;
+        let handle = server.handle();
+        let mut serving = actix_web::rt::spawn(server);
+        let served = tokio::select! {
+            served = &mut serving => served,
+            signal = signals.next() => {
+                drain(&state, &in_flight, &handle, signal, &mut signals).await;
+                serving.await
+            }
+        };
         if let Some(handle) = metrics {
             handle.stop(true).await;
         }
+        if !tasks.stop(TASKS_DEADLINE).await {
+            tracing::warn!(
+                tasks = tasks.running(),
+                "background tasks did not stop within {} s; exiting anyway",
+                TASKS_DEADLINE.as_secs()
+            );
+        }
         // A cluster adopted from a crashed run is ours too: nobody else will stop it.
-        if let Some(supervisor) = self.embedded {
+        if let Some(supervisor) = embedded {
             supervisor.shutdown().await?;
         }
-        result.map_err(Into::into)
+        tracing::info!("stopped");
+        served.context("the HTTP server task failed")?.map_err(Into::into)
+    }
+}
+
+/// From the signal until the listener is closed: not ready, the requests in flight answered,
+/// then a graceful stop of the listener.
+async fn drain(
+    state: &AppState,
+    in_flight: &InFlight,
+    handle: &actix_web::dev::ServerHandle,
+    signal: &str,
+    signals: &mut Signals,
+) {
+    state.ready.store(false, std::sync::atomic::Ordering::Release);
+    tracing::info!(
+        signal,
+        in_flight = in_flight.count(),
+        "stopping: /ready answers 503, answering the requests in flight"
+    );
+    tokio::select! {
+        drained = in_flight.drained(DRAIN_DEADLINE) => {
+            if !drained {
+                tracing::warn!(
+                    in_flight = in_flight.count(),
+                    "requests still in flight after {} s; closing the listener",
+                    DRAIN_DEADLINE.as_secs()
+                );
+            }
+            handle.stop(true).await;
+        }
+        signal = signals.next() => {
+            tracing::warn!(signal, in_flight = in_flight.count(), "stopping now, without waiting for the requests in flight");
+            handle.stop(false).await;
+        }
     }
 }
 

@@ -177,11 +177,19 @@ pub struct AttachmentStore {
     /// resets of other nodes sharing the folder are ordered by the database lock of
     /// `db::attachments::lock_files_shared`, taken inside it.
     files: Arc<RwLock<()>>,
+    /// Its housekeeping, stopped with the server.
+    tasks: crate::shutdown::Tasks,
 }
 
 impl AttachmentStore {
     /// Creates the folders (start-up, so a failure stops the server with a clear message).
-    pub fn new(pool: Pool, change_log: ChangeLogHandle, root: &Path, area: Area) -> anyhow::Result<Self> {
+    pub fn new(
+        pool: Pool,
+        change_log: ChangeLogHandle,
+        root: &Path,
+        area: Area,
+        tasks: crate::shutdown::Tasks,
+    ) -> anyhow::Result<Self> {
         let paths = BlobPaths::new(root);
         paths.create_dirs().map_err(|e| anyhow::anyhow!("ATTACHMENTS_PATH: {}: {e}", root.display()))?;
         Ok(AttachmentStore {
@@ -191,6 +199,7 @@ impl AttachmentStore {
             area,
             resizes: Arc::new(Semaphore::new(MAX_CONCURRENT_RESIZES)),
             files: Arc::new(RwLock::new(())),
+            tasks,
         })
     }
 
@@ -207,7 +216,7 @@ impl Actor for AttachmentStore {
         let housekeeping = |store: &mut Self| {
             let (tmp, area, pool, files) =
                 (store.paths.tmp_dir(), store.area.clone(), store.pool.clone(), store.files.clone());
-            actix::spawn(async move {
+            store.tasks.spawn(async move {
                 let _ = tokio::task::spawn_blocking(move || sweep_temp(&tmp, STALE_TEMP_AGE)).await;
                 sweep_orphans(&area, &pool, &files).await;
             });

@@ -205,6 +205,8 @@ pub struct BundleStore {
     generation: i64,
     active: Option<Arc<VersionInfo>>,
     cache: Arc<DashMap<String, Arc<VersionInfo>>>,
+    /// Its background work (the LISTEN loop, sweeps, caching), stopped with the server.
+    tasks: crate::shutdown::Tasks,
 }
 
 impl BundleStore {
@@ -214,6 +216,7 @@ impl BundleStore {
         pool: &Pool,
         conn: &str,
         storage: &crate::storage::Storage,
+        tasks: &crate::shutdown::Tasks,
     ) -> anyhow::Result<Addr<Self>> {
         let root = config.app_bundle_path.clone();
         std::fs::create_dir_all(staging_dir(&root))?;
@@ -235,6 +238,7 @@ impl BundleStore {
             generation,
             active,
             cache,
+            tasks: tasks.clone(),
         };
         Ok(store.start())
     }
@@ -246,7 +250,7 @@ impl BundleStore {
             // Fetched now rather than by the first device asking, and kept through outages.
             if let Some(info) = self.active.clone() {
                 let files = self.files.clone();
-                actix::spawn(async move {
+                self.tasks.spawn_local(async move {
                     if let Err(error) = files.ensure(&info, Some(&info.version)).await {
                         tracing::warn!(%error, version = %info.version, "cannot cache the active app bundle");
                     }
@@ -280,10 +284,10 @@ impl Actor for BundleStore {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(REFRESH_INTERVAL, |store, ctx| store.refresh(ctx));
-        actix::spawn(listen_loop(self.conn.clone(), ctx.address().downgrade()));
+        self.tasks.spawn(listen_loop(self.conn.clone(), ctx.address().downgrade()));
         let sweep = |store: &mut Self| {
             let (files, pool) = (store.files.clone(), store.pool.clone());
-            actix::spawn(async move { files.sweep(&pool).await });
+            store.tasks.spawn(async move { files.sweep(&pool).await });
         };
         sweep(self);
         ctx.run_interval(Duration::from_secs(3600), move |store, _| sweep(store));

@@ -143,6 +143,8 @@ pub struct ExportJobs {
     reporting: bool,
     sweeping: bool,
     _engine_stop: EngineStop,
+    /// Removals of lost jobs' files, stopped with the server.
+    tasks: crate::shutdown::Tasks,
 }
 
 impl ExportJobs {
@@ -154,6 +156,7 @@ impl ExportJobs {
         db_conn: &str,
         reads: &Arc<crate::db::replicas::ReadRouter>,
         clock: Clock,
+        tasks: crate::shutdown::Tasks,
     ) -> anyhow::Result<ExportJobsHandle> {
         let (engine, stop) = Engine::start(config, db_conn, Arc::clone(reads), clock.clone())?;
         let files = engine.files_dir().to_path_buf();
@@ -168,6 +171,7 @@ impl ExportJobs {
             reporting: false,
             sweeping: false,
             _engine_stop: stop,
+            tasks,
         };
         Ok(ExportJobsHandle { addr: registry.start(), pool: pool.clone(), clock, files, exports })
     }
@@ -254,7 +258,7 @@ impl ExportJobs {
             if let Some(job) = self.jobs.remove(&id) {
                 let _ = std::fs::remove_file(&job.path);
                 let (exports, key) = (self.engine.exports().clone(), crate::export::job_key(&job.path));
-                actix::spawn(async move {
+                self.tasks.spawn(async move {
                     let _ = exports.delete(&key).await;
                 });
             }

@@ -173,35 +173,44 @@ pub async fn start(
     reads: &Arc<crate::db::replicas::ReadRouter>,
     clock: &Clock,
     storage: &crate::storage::Storage,
+    tasks: &crate::shutdown::Tasks,
 ) -> anyhow::Result<Actors> {
     // The change log has connections of its own: its group commits send statements of many
     // megabytes, and a connection keeps buffers as large as the largest message it carried, so
     // sharing the request pool would leave every pooled connection holding that much memory.
     let change_log = change_log::ChangeLogHandle::start(crate::db::create_pool(conn, 2)?);
     let presence = presence::PresenceHandle(presence::Presence::new(pool.clone(), clock.clone()).start());
-    let bundles =
-        bundle_store::BundleStoreHandle(bundle_store::BundleStore::start(config, pool, conn, storage).await?);
+    let bundles = bundle_store::BundleStoreHandle(
+        bundle_store::BundleStore::start(config, pool, conn, storage, tasks).await?,
+    );
     let attachments = attachment_store::AttachmentStoreHandle(
         attachment_store::AttachmentStore::new(
             pool.clone(),
             change_log.clone(),
             &config.attachments_path,
             storage.attachments.clone(),
+            tasks.clone(),
         )?
         .start(),
     );
-    let export_jobs = export_jobs::ExportJobs::start(config, pool, conn, reads, clock.clone())?;
+    let export_jobs =
+        export_jobs::ExportJobs::start(config, pool, conn, reads, clock.clone(), tasks.clone())?;
     let scope_sets = scope_sets::ScopeSetsHandle(
-        scope_sets::ScopeSets::new(pool.clone(), &config.node_id, clock.clone()).start(),
+        scope_sets::ScopeSets::new(pool.clone(), &config.node_id, clock.clone(), tasks.clone()).start(),
     );
-    spawn_housekeeping(pool.clone(), config.transmission_retention_days, config.audit_retention_days);
+    spawn_housekeeping(tasks, pool.clone(), config.transmission_retention_days, config.audit_retention_days);
     Ok(Actors { change_log, presence, bundles, attachments, export_jobs, scope_sets })
 }
 
 /// Hourly clean-up of what only ever grows: old transmission results, expired tokens and audit
 /// log entries past `AUDIT_RETENTION_DAYS`.
-fn spawn_housekeeping(pool: deadpool_postgres::Pool, retention_days: u32, audit_days: u32) {
-    actix::spawn(async move {
+fn spawn_housekeeping(
+    tasks: &crate::shutdown::Tasks,
+    pool: deadpool_postgres::Pool,
+    retention_days: u32,
+    audit_days: u32,
+) {
+    tasks.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(3600));
         loop {
             tick.tick().await;

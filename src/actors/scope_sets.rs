@@ -73,11 +73,13 @@ pub struct ScopeSets {
     node: String,
     clock: Clock,
     wake: Arc<Notify>,
+    /// The preparer, stopped with the server.
+    tasks: crate::shutdown::Tasks,
 }
 
 impl ScopeSets {
-    pub fn new(pool: Pool, node: &str, clock: Clock) -> Self {
-        ScopeSets { pool, node: node.to_owned(), clock, wake: Arc::new(Notify::new()) }
+    pub fn new(pool: Pool, node: &str, clock: Clock, tasks: crate::shutdown::Tasks) -> Self {
+        ScopeSets { pool, node: node.to_owned(), clock, wake: Arc::new(Notify::new()), tasks }
     }
 }
 
@@ -88,7 +90,7 @@ impl Actor for ScopeSets {
         let preparer =
             Preparer { pool: self.pool.clone(), node: self.node.clone(), clock: self.clock.clone() };
         let wake = self.wake.clone();
-        actix::spawn(async move { preparer.run(wake).await });
+        self.tasks.spawn(async move { preparer.run(wake).await });
     }
 }
 

@@ -38,12 +38,12 @@ impl LoginLimiter {
 
     /// Sweeps expired rows every minute, for as long as the server runs (every node does; a row
     /// deleted twice costs nothing).
-    pub fn spawn_sweeper(&self) {
+    pub fn spawn_sweeper(&self, tasks: &crate::shutdown::Tasks) {
         if self.per_minute == 0 {
             return;
         }
         let pool = self.pool.clone();
-        actix::spawn(async move {
+        tasks.spawn(async move {
             let mut tick = tokio::time::interval(SWEEP_EVERY);
             loop {
                 tick.tick().await;

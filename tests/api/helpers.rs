@@ -491,7 +491,7 @@ impl ChildServer {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn signal(&self, signal: nix::sys::signal::Signal) {
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = self.pid() as i32;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signal the server");
     }
@@ -510,9 +510,14 @@ impl ChildServer {
     /// SIGTERM, then the exit status, which must come `within`.
     pub async fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
         self.signal(nix::sys::signal::Signal::SIGTERM);
+        self.exit_status(within).await
+    }
+
+    /// The exit status, which must come `within`.
+    pub async fn exit_status(&mut self, within: Duration) -> std::process::ExitStatus {
         match tokio::time::timeout(within, self.child.wait()).await {
             Ok(status) => status.expect("reap the child"),
-            Err(_) => panic!("the server did not exit within {within:?} of SIGTERM"),
+            Err(_) => panic!("the server did not exit within {within:?}"),
         }
     }
 }

@@ -29,6 +29,7 @@ mod pull_stream;
 mod replica;
 mod resilience;
 mod scopes;
+mod shutdown;
 mod stats;
 mod storage;
 mod sync;
