@@ -18,6 +18,8 @@ pub struct TargetState {
     pub bundle_versions: i64,
     pub head: i64,
     pub usernames: Vec<String>,
+    /// Versions of the scope set: records imported under one would get no keys.
+    pub scope_versions: i64,
 }
 
 /// `None` when the schema is not there yet (a dry run against a database never migrated).
@@ -37,7 +39,11 @@ pub async fn target_state(db: &impl GenericClient) -> DbResult<Option<TargetStat
             &[],
         )
         .await?;
+    let scoped: bool = db.query_one("SELECT to_regclass('scope_sets') IS NOT NULL", &[]).await?.get(0);
+    let scope_versions: i64 =
+        if scoped { db.query_one("SELECT count(*) FROM scope_sets", &[]).await?.get(0) } else { 0 };
     Ok(Some(TargetState {
+        scope_versions,
         records: r.get(0),
         revisions: r.get(1),
         attachments: r.get(2),

@@ -260,6 +260,7 @@ async fn check_target(
         (state.attachments, "attachments"),
         (state.tombstones, "deleted attachments"),
         (state.bundle_versions, "bundle versions"),
+        (state.scope_versions, "scope set versions (import first, then set the scope rules)"),
     ] {
         if n > 0 {
             held.push(format!("{n} {what}"));

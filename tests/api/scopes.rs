@@ -546,3 +546,47 @@ async fn real_clients_pull_scoped_data_unmodified() {
         .collect();
     assert_eq!(pulled, [("obs_001", true), ("obs_002", true)]);
 }
+
+#[actix_web::test]
+async fn a_typed_scoped_pull_skips_nothing_when_its_sources_interleave() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let worker = create_user(&app, &admin, "w", "read-write", json!({"district": ["north"]})).await;
+    set_rules(
+        &app,
+        &admin,
+        json!([{"name": "north", "applies_to": {"roles": ["read-write"]}, "form_types": "*",
+                "where": {"field": "district", "in_attribute": "district"}}]),
+    )
+    .await;
+    // The worker's own visits first (their own source), then households and visits of the north
+    // interleaved (one bucket), so every source's first rows are of the other type.
+    let own: Vec<Value> =
+        (0..6).map(|i| record(&format!("own-{i}"), "visit", json!({"district": "west"}))).collect();
+    push(&app, &worker, "w-phone", own).await;
+    let mixed: Vec<Value> = (0..12)
+        .map(|i| {
+            let form_type = if i % 4 == 3 { "household" } else { "visit" };
+            record(&format!("n-{i:02}"), form_type, json!({"district": "north"}))
+        })
+        .collect();
+    push(&app, &admin, "a", mixed).await;
+    push(&app, &worker, "w-phone", vec![record("own-h", "household", json!({"district": "west"}))]).await;
+    let mut after = 0;
+    let mut got = Vec::new();
+    loop {
+        let body = json!({"client_id": "typed", "since": {"version": after}, "schema_types": ["household"]});
+        let (status, page) = app.call(Method::POST, "/sync/pull?limit=1", Some(&worker), Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        for r in page["records"].as_array().unwrap() {
+            assert_eq!(r["form_type"], "household");
+            got.push(r["observation_id"].as_str().unwrap().to_owned());
+        }
+        if page["has_more"] == json!(false) {
+            break;
+        }
+        after = page["change_cutoff"].as_i64().unwrap();
+    }
+    got.sort();
+    assert_eq!(got, ["n-03", "n-07", "n-11", "own-h"]);
+}

@@ -22,29 +22,43 @@ use crate::db::records::{Head, PageRows};
 use crate::db::{DbError, DbResult};
 
 /// The bucket rows, own records and redelivery slots after the cursor, as (id, record) pairs.
-pub(super) const CANDIDATES: &str = "
+/// With a type filter (`$5`), each source filters before its own `LIMIT`: filtered after it, a
+/// source whose first rows were all of other types would hide its later matching rows behind
+/// another source's, and the page would skip them.
+pub(super) fn candidates(typed: bool) -> String {
+    let (join, of_type) = if typed {
+        ("JOIN records t ON t.id = {row}.record_id AND t.form_type = ANY($5)", "AND r.form_type = ANY($5)")
+    } else {
+        ("", "")
+    };
+    let join_rows = join.replace("{row}", "s");
+    let join_slots = join.replace("{row}", "e");
+    format!(
+        "
     SELECT x.change_id AS at, x.record_id FROM h, k, unnest(k.keys) AS b(key) CROSS JOIN LATERAL (
-        SELECT s.change_id, s.record_id FROM scope_rows s
+        SELECT s.change_id, s.record_id FROM scope_rows s {join_rows}
          WHERE s.key = b.key AND s.change_id > $1 AND s.change_id <= h.head
          ORDER BY s.change_id LIMIT $2) x
      WHERE NOT h.sees_all
     UNION ALL
     SELECT o.change_id, o.id FROM h CROSS JOIN LATERAL (
         SELECT r.change_id, r.id FROM records r
-         WHERE r.created_by = $3 AND r.change_id > $1 AND r.change_id <= h.head
+         WHERE r.created_by = $3 AND r.change_id > $1 AND r.change_id <= h.head {of_type}
          ORDER BY r.created_by, r.change_id LIMIT $2) o
      WHERE NOT h.sees_all
     UNION ALL
     SELECT a.change_id, a.id FROM h CROSS JOIN LATERAL (
         SELECT r.change_id, r.id FROM records r
-         WHERE r.change_id > $1 AND r.change_id <= h.head
+         WHERE r.change_id > $1 AND r.change_id <= h.head {of_type}
          ORDER BY r.change_id LIMIT $2) a
      WHERE h.sees_all
     UNION ALL
     SELECT ev.base + y.slot, y.record_id FROM h, ev, unnest(ev.keys) AS b(key) CROSS JOIN LATERAL (
-        SELECT e.slot, e.record_id FROM scope_event_slots e
+        SELECT e.slot, e.record_id FROM scope_event_slots e {join_slots}
          WHERE e.event_id = ev.id AND e.key = b.key AND e.slot > $1 - ev.base AND e.slot <= h.head - ev.base
-         ORDER BY e.slot LIMIT $2) y";
+         ORDER BY e.slot LIMIT $2) y"
+    )
+}
 
 /// The page's records in the columns of `records::pull_page`, the ones the user may not see now
 /// as tombstones that tell nothing but the id, form and times.
@@ -74,16 +88,15 @@ pub(super) const USER_ROWS: &str = "
     ), cand AS (";
 
 fn page_sql(typed: bool) -> String {
-    let type_filter = if typed { "AND r.form_type = ANY($5)" } else { "" };
+    let candidates = candidates(typed);
     format!(
-        "WITH {USER_ROWS}{CANDIDATES}
+        "WITH {USER_ROWS}{candidates}
          ), page AS (
              SELECT DISTINCT ON (c.at) c.at, r.*,
                     h.sees_all OR r.created_by = $3 OR EXISTS (
                         SELECT 1 FROM scope_rows v, k WHERE v.key = ANY(k.keys) AND v.record_id = r.id AND v.live
                     ) AS visible
                FROM cand c JOIN records r ON r.id = c.record_id, h
-              WHERE true {type_filter}
               ORDER BY c.at LIMIT $2
          )
          SELECT h.head, h.repository_generation, {RENDERED}
