@@ -173,7 +173,7 @@ fn current_states(rows: &[tokio_postgres::Row]) -> DbResult<HashMap<String, Curr
                 change_id: r.try_get(1)?,
                 created_at: r.try_get(2)?,
                 created_by: r.try_get(3)?,
-                data: r.try_get::<_, Option<String>>(4)?.map(raw_json),
+                data: r.try_get::<_, Option<String>>(4)?.map(raw_json).transpose()?,
             };
             Ok((r.try_get::<_, String>(0)?, state))
         })

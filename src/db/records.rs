@@ -30,30 +30,31 @@ pub(super) const SET_HEAD_SQL: &str = "UPDATE change_head SET head = $1";
 /// kept raw (see `StoredRecord`), each column at its position in `record_row::Col`.
 static RECORD_COLUMNS: LazyLock<String> = LazyLock::new(|| select_through(Col::change_id, Table::Records));
 
-/// Stored JSON text is valid JSON: the server parsed `data` before storing it, and PostgreSQL
-/// checked the `json` columns on the way in.
-pub(super) fn raw_json(text: String) -> Box<RawValue> {
-    RawValue::from_string(text).unwrap_or_else(|_| RawValue::NULL.to_owned())
+/// Stored JSON text as it is. It is valid JSON (the server parsed `data` before storing it, and
+/// PostgreSQL checked the `json` columns on the way in), so text that is not is a database in a
+/// state the server did not leave it in: an error, not a `null`.
+pub(super) fn raw_json(text: String) -> DbResult<Box<RawValue>> {
+    RawValue::from_string(text).map_err(|e| DbError::Other(format!("stored JSON does not parse: {e}").into()))
 }
 
 /// The record state selected by [`RECORD_COLUMNS`] from position `offset` of `row` on.
-fn record_from_row(row: &Row, offset: usize) -> StoredRecord {
+fn record_from_row(row: &Row, offset: usize) -> DbResult<StoredRecord> {
     let at = |c: Col| offset + c as usize;
-    StoredRecord {
+    Ok(StoredRecord {
         id: row.get(at(Col::id)),
         form_type: row.get(at(Col::form_type)),
         form_version: row.get(at(Col::form_version)),
-        data: raw_json(row.get(at(Col::data))),
+        data: raw_json(row.get(at(Col::data)))?,
         deleted: row.get(at(Col::deleted)),
         created_at: row.get(at(Col::created_at)),
         updated_at: row.get(at(Col::updated_at)),
         synced_at: row.get(at(Col::synced_at)),
-        geolocation: row.get::<_, Option<String>>(at(Col::geolocation)).map(raw_json),
+        geolocation: row.get::<_, Option<String>>(at(Col::geolocation)).map(raw_json).transpose()?,
         author: row.get(at(Col::author)),
         device_id: row.get(at(Col::device_id)),
-        tags: row.get::<_, Option<String>>(at(Col::tags)).map(raw_json),
+        tags: row.get::<_, Option<String>>(at(Col::tags)).map(raw_json).transpose()?,
         change_id: row.get(at(Col::change_id)),
-    }
+    })
 }
 
 /// One pull page as PostgreSQL sends it: the snapshot head S and the repository generation came
@@ -337,17 +338,17 @@ pub async fn list_observations(
     let records = rows
         .iter()
         .filter(|r| r.get::<_, Option<String>>(1).is_some())
-        .map(|r| OwnedRecord { record: record_from_row(r, 1), created_by: r.get(1 + STATE_COLUMNS) })
-        .collect();
+        .map(|r| Ok(OwnedRecord { record: record_from_row(r, 1)?, created_by: r.get(1 + STATE_COLUMNS) }))
+        .collect::<DbResult<_>>()?;
     Ok((head, records))
 }
 
 pub async fn find_observation(db: &impl GenericClient, id: &str) -> DbResult<Option<OwnedRecord>> {
     let sql = format!("SELECT {}, created_by FROM records WHERE id = $1", RECORD_COLUMNS.as_str());
-    Ok(db
-        .query_opt(&sql, &[&id])
+    db.query_opt(&sql, &[&id])
         .await?
-        .map(|r| OwnedRecord { record: record_from_row(&r, 0), created_by: r.get(STATE_COLUMNS) }))
+        .map(|r| Ok(OwnedRecord { record: record_from_row(&r, 0)?, created_by: r.get(STATE_COLUMNS) }))
+        .transpose()
 }
 
 /// One stored revision with its provenance (docs/api.md §12.3).
@@ -384,17 +385,18 @@ pub async fn history(
         )
     });
     let rows = db.query(HISTORY_SQL.as_str(), &[&id, &before, &(limit + 1)]).await?;
-    Ok(rows
-        .iter()
-        .map(|r| Revision {
-            record: record_from_row(r, 0),
-            client_id: r.get(Col::client_id as usize),
-            transmission_id: r.get(Col::transmission_id as usize),
-            pushed_by: r.get(Col::pushed_by as usize),
-            overwrote_version: r.get(Col::overwrote_version as usize),
-            conflict: r.get(Col::conflict as usize),
+    rows.iter()
+        .map(|r| {
+            Ok(Revision {
+                record: record_from_row(r, 0)?,
+                client_id: r.get(Col::client_id as usize),
+                transmission_id: r.get(Col::transmission_id as usize),
+                pushed_by: r.get(Col::pushed_by as usize),
+                overwrote_version: r.get(Col::overwrote_version as usize),
+                conflict: r.get(Col::conflict as usize),
+            })
         })
-        .collect())
+        .collect()
 }
 
 pub async fn record_exists(db: &impl GenericClient, id: &str) -> DbResult<bool> {

@@ -6,6 +6,7 @@ pub mod bundle;
 pub mod export;
 pub mod formspec;
 pub mod go_import;
+pub mod json_text;
 pub mod mime;
 pub mod page_token;
 pub mod problem;

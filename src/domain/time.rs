@@ -36,38 +36,60 @@ impl serde::Serialize for WireTime {
 
 /// A timestamp as the database sends it, in microseconds since 1970-01-01T00:00:00Z, within the
 /// range of `DateTime<Utc>`. Pull pages write three per record straight from these, without the
-/// calendar arithmetic of building a `DateTime` first.
+/// calendar arithmetic of building a `DateTime` first; the rare year outside 0–9999 keeps its
+/// `DateTime` for chrono to write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UnixMicros(i64);
+pub enum UnixMicros {
+    /// A year from 0 to 9999.
+    Common(i64),
+    Other(DateTime<Utc>),
+}
+
+/// 0000-01-01T00:00:00Z and 10000-01-01T00:00:00Z, in microseconds since 1970.
+const COMMON_YEARS: std::ops::Range<i64> = -62_167_219_200_000_000..253_402_300_800_000_000;
 
 impl UnixMicros {
     /// `None` outside the range of `DateTime<Utc>`, which is what could be decoded before.
     pub fn new(micros: i64) -> Option<Self> {
-        let (min, max) =
-            (DateTime::<Utc>::MIN_UTC.timestamp_micros(), DateTime::<Utc>::MAX_UTC.timestamp_micros());
-        (min..=max).contains(&micros).then_some(UnixMicros(micros))
+        if COMMON_YEARS.contains(&micros) {
+            Some(UnixMicros::Common(micros))
+        } else {
+            DateTime::<Utc>::from_timestamp_micros(micros).map(UnixMicros::Other)
+        }
     }
 
     pub fn of(t: DateTime<Utc>) -> Self {
-        UnixMicros(t.timestamp_micros())
+        let micros = t.timestamp_micros();
+        if COMMON_YEARS.contains(&micros) {
+            UnixMicros::Common(micros)
+        } else {
+            UnixMicros::Other(t)
+        }
     }
 
     /// The timestamp as [`format`] writes it, as a JSON string.
     pub fn write_json(self, out: &mut Vec<u8>) {
-        let days = self.0.div_euclid(MICROS_PER_DAY);
-        let in_day = self.0.rem_euclid(MICROS_PER_DAY);
-        let (year, month, day) = civil_from_days(days);
-        match u32::try_from(year).ok().filter(|y| *y <= 9999) {
-            Some(year) => {
+        match self {
+            UnixMicros::Common(micros) => {
+                let days = micros.div_euclid(MICROS_PER_DAY);
+                let in_day = micros.rem_euclid(MICROS_PER_DAY);
+                let (year, month, day) = civil_from_days(days);
                 let (secs, micros) = ((in_day / 1_000_000) as u32, (in_day % 1_000_000) as u32);
-                let stamp =
-                    Stamp::from_parts(year, month, day, secs / 3600, secs / 60 % 60, secs % 60, micros);
+                // The range holds years 0 to 9999 only.
+                let stamp = Stamp::from_parts(
+                    year as u32,
+                    month,
+                    day,
+                    secs / 3600,
+                    secs / 60 % 60,
+                    secs % 60,
+                    micros,
+                );
                 out.push(b'"');
                 out.extend_from_slice(stamp.as_str().as_bytes());
                 out.push(b'"');
             }
-            None => {
-                let t = DateTime::<Utc>::from_timestamp_micros(self.0).unwrap_or_default();
+            UnixMicros::Other(t) => {
                 // Into a Vec, serialising a string cannot fail.
                 let _ = serde_json::to_writer(out, &strftime_format(t));
             }

@@ -1,30 +1,43 @@
 //! The canonical text of pushed JSON (a record's `data` and `geolocation`), written straight from
 //! the record's text without building a `serde_json::Value` tree (docs/api.md §8.6).
 //!
-//! The canonical text is what serde_json writes for the `Value` it parses from the same text, and
-//! stored fingerprints and the stored `data` depend on every byte of it: compact, object keys in
-//! byte order with the last of duplicated keys kept, strings escaped the way serde_json escapes
-//! them, and numbers as its `arbitrary_precision` parser keeps them (verbatim but for the
-//! exponent, which it writes as `e` with an explicit sign). The property suite at the end of this
-//! file holds the two to the same bytes.
+//! The canonical text is what serde_json writes for the `Value` it parses from the same text
+//! (`domain::json_text` says exactly what that is), and stored fingerprints and the stored `data`
+//! depend on every byte of it. The property suite of this module holds the two to the same bytes.
 //!
-//! A [`Tape`] first reads a whole value into flat, reusable arrays: every node is a span of the
-//! text, objects keep their entries as read (sorted only when written: a record's own fields are
-//! looked up, never written), and a string is decoded only when re-escaping could change it. Both
-//! passes loop over an explicit stack, so no input nests the Rust stack.
+//! A [`Tape`] reads a whole value into flat, reusable arrays: every node is a span of the text,
+//! objects keep their entries as read (sorted only when written: a record's own fields are looked
+//! up, never written), and a string is decoded only when re-escaping could change it. What a read
+//! gives is a [`Doc`], the text and its nodes together: later code asks the document, and cannot
+//! hand the nodes another text. Both passes loop over an explicit stack, so no input nests the
+//! Rust stack.
 
 use std::borrow::Cow;
+use std::marker::PhantomData;
 use std::ops::Range;
 
 use serde::de::{self, Deserializer as _, Visitor};
+
+use crate::domain::json_text::{self, Literal, Scanner, StringForm, StringToken};
 
 /// Why a JSON value cannot be stored: NUL cannot appear in PostgreSQL text, and `\u0000` breaks
 /// any later cast to jsonb (exports, statistics).
 pub const NUL_IN_STRING: &str = "strings must not contain NUL characters";
 pub const NUL_IN_KEY: &str = "keys must not contain NUL characters";
 
-/// A node of the tape, by its index.
-pub type NodeId = usize;
+/// A node of the document read last, by its index: only that document hands them out, and the
+/// tape cannot read again while one is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeId<'t> {
+    index: usize,
+    tape: PhantomData<&'t Nodes>,
+}
+
+impl NodeId<'_> {
+    fn new(index: usize) -> Self {
+        NodeId { index, tape: PhantomData }
+    }
+}
 
 /// The values decoding tells apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,20 +51,20 @@ pub enum Kind {
 enum Shape {
     Null,
     Bool,
-    /// A number without exponent.
+    /// A number as serde_json writes it.
     Number,
-    /// A number with an exponent.
-    Exponent,
+    /// A number it writes another way (an exponent without sign, or with `E`).
+    NumberRewrite,
     /// A string without escapes.
     Text,
-    /// A string whose escapes serde_json writes the same way (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`,
-    /// `\t`): written as it stands, decoded when read.
+    /// A string whose escapes serde_json writes the same way: written as it stands, decoded when
+    /// read.
     Escaped,
-    /// A string with `\u` or `\/` escapes; `inner` is its decoded text in `Tape::decoded`.
+    /// A string with other escapes, or a NUL; `inner` is its decoded text in `Nodes::decoded`.
     Decoded,
-    /// `inner` is the range of its items in `Tape::items`.
+    /// `inner` is the range of its items in `Nodes::items`.
     Array,
-    /// `inner` is the range of its entries in `Tape::entries`, as read.
+    /// `inner` is the range of its entries in `Nodes::entries`, as read.
     Object,
 }
 
@@ -84,7 +97,7 @@ enum Key {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     key: Key,
-    value: NodeId,
+    value: usize,
 }
 
 /// An object or array being read: where it starts, where its members wait on the pending
@@ -106,19 +119,40 @@ struct Open {
     end: usize,
 }
 
-/// One JSON value read into flat arrays. The arrays are kept between reads, so a push of many
-/// records allocates them once.
+/// What a read leaves: the nodes and the decoded text of strings and keys.
 #[derive(Debug, Default)]
-pub struct Tape {
+struct Nodes {
     nodes: Vec<Node>,
-    items: Vec<NodeId>,
+    items: Vec<usize>,
     entries: Vec<Entry>,
     decoded: String,
-    pending_items: Vec<NodeId>,
+}
+
+/// Room a read and a write work in.
+#[derive(Debug, Default)]
+struct Scratch {
+    pending_items: Vec<usize>,
     pending_entries: Vec<Entry>,
     frames: Vec<Frame>,
     open: Vec<Open>,
     order: Vec<usize>,
+}
+
+/// Reads JSON values into flat arrays, kept between reads, so a push of many records allocates
+/// them once.
+#[derive(Debug, Default)]
+pub struct Tape {
+    nodes: Nodes,
+    scratch: Scratch,
+}
+
+/// One JSON value read by a [`Tape`]: its text and its nodes.
+#[derive(Debug)]
+pub struct Doc<'t> {
+    text: &'t str,
+    nodes: &'t Nodes,
+    scratch: &'t mut Scratch,
+    root: NodeId<'t>,
 }
 
 type Result<T> = std::result::Result<T, serde_json::Error>;
@@ -127,272 +161,234 @@ fn syntax(at: usize) -> serde_json::Error {
     de::Error::custom(format!("unexpected JSON text at byte {at}"))
 }
 
-fn skip_whitespace(b: &[u8], mut i: usize) -> usize {
-    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-        i += 1;
-    }
-    i
-}
-
 impl Tape {
-    /// Reads `text`, one JSON value that a parser has already accepted as such (the push body is
-    /// parsed as a whole before its records are read). Fails exactly where serde_json fails to
-    /// parse the same text into a `Value`: on a `\u` escape that is not valid UTF-16. Returns the
-    /// root node.
-    pub fn read(&mut self, text: &str) -> Result<NodeId> {
-        self.nodes.clear();
-        self.items.clear();
-        self.entries.clear();
-        self.decoded.clear();
-        self.pending_items.clear();
-        self.pending_entries.clear();
-        self.frames.clear();
-        let b = text.as_bytes();
-        let mut i = skip_whitespace(b, 0);
+    /// Reads `text`, one JSON value, or fails where serde_json fails to parse it into a `Value`
+    /// (nesting aside: the tape follows any depth, and a push body's was bounded when it was
+    /// received).
+    pub fn read<'t>(&'t mut self, text: &'t str) -> Result<Doc<'t>> {
+        let Tape { nodes: n, scratch } = self;
+        n.nodes.clear();
+        n.items.clear();
+        n.entries.clear();
+        n.decoded.clear();
+        scratch.pending_items.clear();
+        scratch.pending_entries.clear();
+        scratch.frames.clear();
+        let mut s = Scanner::new(text);
+        s.skip_whitespace();
         'value: loop {
-            let start = i;
-            let mut node = match b.get(i) {
+            let start = s.pos();
+            let mut node = match s.peek() {
                 Some(b'{') => {
-                    i = skip_whitespace(b, i + 1);
-                    if b.get(i) == Some(&b'}') {
-                        i += 1;
-                        let at = self.entries.len();
-                        Node { shape: Shape::Object, start, end: i, inner: (at, at) }
+                    s.eat(b'{');
+                    s.skip_whitespace();
+                    if s.eat(b'}').is_some() {
+                        let at = n.entries.len();
+                        Node { shape: Shape::Object, start, end: s.pos(), inner: (at, at) }
                     } else {
-                        let key = self.key(text, &mut i)?;
-                        let pending = self.pending_entries.len();
-                        self.frames.push(Frame { start, pending, key: Some(key) });
+                        let key = n.key(&mut s)?;
+                        let pending = scratch.pending_entries.len();
+                        scratch.frames.push(Frame { start, pending, key: Some(key) });
                         continue 'value;
                     }
                 }
                 Some(b'[') => {
-                    i = skip_whitespace(b, i + 1);
-                    if b.get(i) == Some(&b']') {
-                        i += 1;
-                        let at = self.items.len();
-                        Node { shape: Shape::Array, start, end: i, inner: (at, at) }
+                    s.eat(b'[');
+                    s.skip_whitespace();
+                    if s.eat(b']').is_some() {
+                        let at = n.items.len();
+                        Node { shape: Shape::Array, start, end: s.pos(), inner: (at, at) }
                     } else {
-                        self.frames.push(Frame { start, pending: self.pending_items.len(), key: None });
+                        scratch.frames.push(Frame { start, pending: scratch.pending_items.len(), key: None });
                         continue 'value;
                     }
                 }
                 Some(b'"') => {
-                    let (end, escapes) = string_end(b, i)?;
-                    i = end;
-                    match escapes {
-                        Escapes::Decode => {
-                            let inner = self.decode(text, start, end)?;
-                            Node { shape: Shape::Decoded, start, end, inner }
-                        }
-                        Escapes::Same => Node { shape: Shape::Escaped, start, end, inner: (0, 0) },
-                        Escapes::None => Node { shape: Shape::Text, start, end, inner: (0, 0) },
-                    }
+                    let token = s.string().ok_or_else(|| syntax(start))?;
+                    let (shape, inner) = match (token.form(), token.has_nul()) {
+                        (StringForm::Plain, _) => (Shape::Text, (0, 0)),
+                        (StringForm::Canonical, false) => (Shape::Escaped, (0, 0)),
+                        _ => (Shape::Decoded, n.decode(token)?),
+                    };
+                    Node { shape, start, end: token.end(), inner }
                 }
                 Some(b'-' | b'0'..=b'9') => {
-                    i += 1;
-                    let mut exponent = false;
-                    while let Some(c @ (b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')) = b.get(i) {
-                        exponent |= matches!(c, b'e' | b'E');
-                        i += 1;
-                    }
-                    let shape = if exponent { Shape::Exponent } else { Shape::Number };
-                    Node { shape, start, end: i, inner: (0, 0) }
+                    let token = s.number().ok_or_else(|| syntax(start))?;
+                    let shape = if token.is_canonical() { Shape::Number } else { Shape::NumberRewrite };
+                    Node { shape, start, end: token.end(), inner: (0, 0) }
                 }
-                Some(b't') => literal(b, &mut i, b"true", Shape::Bool)?,
-                Some(b'f') => literal(b, &mut i, b"false", Shape::Bool)?,
-                Some(b'n') => literal(b, &mut i, b"null", Shape::Null)?,
-                _ => return Err(syntax(i)),
+                _ => {
+                    let shape = match s.literal().ok_or_else(|| syntax(start))? {
+                        Literal::Null => Shape::Null,
+                        Literal::True | Literal::False => Shape::Bool,
+                    };
+                    Node { shape, start, end: s.pos(), inner: (0, 0) }
+                }
             };
             // Hand each finished value to its container; a container that ends with it is
             // finished in turn.
             loop {
-                let id = self.nodes.len();
-                self.nodes.push(node);
-                let Some(frame) = self.frames.last().copied() else {
-                    return if skip_whitespace(b, i) == b.len() { Ok(id) } else { Err(syntax(i)) };
+                let id = n.nodes.len();
+                n.nodes.push(node);
+                s.skip_whitespace();
+                let Some(frame) = scratch.frames.last().copied() else {
+                    return if s.at_end() {
+                        Ok(Doc { text, nodes: n, scratch, root: NodeId::new(id) })
+                    } else {
+                        Err(syntax(s.pos()))
+                    };
                 };
-                i = skip_whitespace(b, i);
                 let close = match frame.key {
                     Some(key) => {
-                        self.pending_entries.push(Entry { key, value: id });
+                        scratch.pending_entries.push(Entry { key, value: id });
                         b'}'
                     }
                     None => {
-                        self.pending_items.push(id);
+                        scratch.pending_items.push(id);
                         b']'
                     }
                 };
-                match b.get(i) {
-                    Some(b',') => {
-                        i = skip_whitespace(b, i + 1);
-                        if frame.key.is_some() {
-                            let key = self.key(text, &mut i)?;
-                            if let Some(open) = self.frames.last_mut() {
-                                open.key = Some(key);
-                            }
+                if s.eat(b',').is_some() {
+                    s.skip_whitespace();
+                    if frame.key.is_some() {
+                        let key = n.key(&mut s)?;
+                        if let Some(open) = scratch.frames.last_mut() {
+                            open.key = Some(key);
                         }
-                        continue 'value;
                     }
-                    Some(&c) if c == close => {
-                        i += 1;
-                        self.frames.pop();
-                        let (shape, inner) = if frame.key.is_some() {
-                            let at = self.entries.len();
-                            self.entries.extend(self.pending_entries.drain(frame.pending..));
-                            (Shape::Object, (at, self.entries.len()))
-                        } else {
-                            let at = self.items.len();
-                            self.items.extend(self.pending_items.drain(frame.pending..));
-                            (Shape::Array, (at, self.items.len()))
-                        };
-                        node = Node { shape, start: frame.start, end: i, inner };
-                    }
-                    _ => return Err(syntax(i)),
+                    continue 'value;
                 }
+                if s.eat(close).is_none() {
+                    return Err(syntax(s.pos()));
+                }
+                scratch.frames.pop();
+                let (shape, inner) = if frame.key.is_some() {
+                    let at = n.entries.len();
+                    n.entries.extend(scratch.pending_entries.drain(frame.pending..));
+                    (Shape::Object, (at, n.entries.len()))
+                } else {
+                    let at = n.items.len();
+                    n.items.extend(scratch.pending_items.drain(frame.pending..));
+                    (Shape::Array, (at, n.items.len()))
+                };
+                node = Node { shape, start: frame.start, end: s.pos(), inner };
             }
         }
     }
+}
 
-    /// Reads a key and the colon after it; `i` ends on the value.
-    fn key(&mut self, text: &str, i: &mut usize) -> Result<Key> {
-        let b = text.as_bytes();
-        if b.get(*i) != Some(&b'"') {
-            return Err(syntax(*i));
-        }
-        let start = *i;
-        let (end, escapes) = string_end(b, start)?;
-        let key = match escapes {
-            Escapes::None => Key::Text(start + 1, end - 1),
+impl Nodes {
+    /// Reads a key and the colon after it; the scanner ends on the value.
+    fn key(&mut self, s: &mut Scanner) -> Result<Key> {
+        let token = s.string().ok_or_else(|| syntax(s.pos()))?;
+        let key = match token.form() {
+            StringForm::Plain => Key::Text(token.start() + 1, token.end() - 1),
             // Keys compare by their decoded text, whatever their escapes.
             _ => {
-                let (from, to) = self.decode(text, start, end)?;
+                let (from, to) = self.decode(token)?;
                 Key::Decoded(from, to)
             }
         };
-        *i = skip_whitespace(b, end);
-        if b.get(*i) != Some(&b':') {
-            return Err(syntax(*i));
-        }
-        *i = skip_whitespace(b, *i + 1);
+        s.skip_whitespace();
+        s.eat(b':').ok_or_else(|| syntax(s.pos()))?;
+        s.skip_whitespace();
         Ok(key)
     }
 
-    /// Decodes the string at `start..end` (quotes included) with serde_json's own parser, so it
-    /// fails where that parser fails; its text is appended to `decoded`.
-    fn decode(&mut self, text: &str, start: usize, end: usize) -> Result<(usize, usize)> {
+    /// Decodes a string into `decoded`: canonical escapes by the scanner's rules, any other with
+    /// serde_json's own parser, so that it fails where that parser fails (a lone surrogate).
+    fn decode(&mut self, token: StringToken) -> Result<(usize, usize)> {
         let from = self.decoded.len();
-        let source = text.get(start..end).ok_or_else(|| syntax(start))?;
-        serde_json::Deserializer::from_str(source).deserialize_str(AppendTo(&mut self.decoded))?;
+        match token.canonical_value() {
+            Some(value) => self.decoded.push_str(&value),
+            None => serde_json::Deserializer::from_str(token.text())
+                .deserialize_str(AppendTo(&mut self.decoded))?,
+        }
         Ok((from, self.decoded.len()))
     }
 
+    fn key_text<'t>(&'t self, text: &'t str, key: Key) -> &'t str {
+        match key {
+            Key::Text(from, to) => &text[from..to],
+            Key::Decoded(from, to) => &self.decoded[from..to],
+        }
+    }
+}
+
+impl<'t> Doc<'t> {
+    /// The value read.
+    pub fn root(&self) -> NodeId<'t> {
+        self.root
+    }
+
+    fn node(&self, id: NodeId<'t>) -> &'t Node {
+        &self.nodes.nodes[id.index]
+    }
+
     /// What decoding needs to know of a node.
-    pub fn kind(&self, node: NodeId) -> Kind {
-        match self.nodes.get(node).map(|n| n.shape) {
-            Some(Shape::Null) => Kind::Null,
-            Some(Shape::Object) => Kind::Object,
+    pub fn kind(&self, id: NodeId<'t>) -> Kind {
+        match self.node(id).shape {
+            Shape::Null => Kind::Null,
+            Shape::Object => Kind::Object,
             _ => Kind::Other,
         }
     }
 
     /// A node as a record field: strings decoded.
-    pub fn field<'t>(&self, text: &'t str, node: NodeId) -> Result<Field<'t>> {
-        let Some(n) = self.nodes.get(node) else { return Ok(Field::Null) };
-        let source = text.get(n.start..n.end).unwrap_or_default();
-        Ok(match n.shape {
+    pub fn field(&self, id: NodeId<'t>) -> Field<'t> {
+        let node = self.node(id);
+        let source = &self.text[node.start..node.end];
+        match node.shape {
             Shape::Null => Field::Null,
             Shape::Bool => Field::Bool(source == "true"),
-            Shape::Text => Field::Text(Cow::Borrowed(source.get(1..source.len() - 1).unwrap_or_default())),
-            Shape::Escaped => Field::Text(Cow::Owned(serde_json::from_str(source)?)),
-            Shape::Decoded => Field::Text(Cow::Owned(
-                self.decoded.get(n.inner.0..n.inner.1).unwrap_or_default().to_string(),
-            )),
-            Shape::Number | Shape::Exponent | Shape::Array | Shape::Object => Field::Other(source),
-        })
+            Shape::Text => Field::Text(Cow::Borrowed(&source[1..source.len() - 1])),
+            Shape::Escaped => {
+                let mut value = String::with_capacity(source.len());
+                json_text::unescape_canonical(&source[1..source.len() - 1], &mut value);
+                Field::Text(Cow::Owned(value))
+            }
+            Shape::Decoded => Field::Text(Cow::Borrowed(&self.nodes.decoded[node.inner.0..node.inner.1])),
+            Shape::Number | Shape::NumberRewrite | Shape::Array | Shape::Object => Field::Other(source),
+        }
     }
 
-    /// The node's text in the text it was read from.
-    pub fn span(&self, node: NodeId) -> Range<usize> {
-        self.nodes.get(node).map_or(0..0, |n| n.start..n.end)
+    /// The node's text.
+    pub fn span(&self, id: NodeId<'t>) -> Range<usize> {
+        let node = self.node(id);
+        node.start..node.end
     }
 
-    /// The entries of `object` as read: every key with its value, repeated keys included.
-    pub fn entries<'t>(
-        &'t self,
-        text: &'t str,
-        object: NodeId,
-    ) -> impl Iterator<Item = (&'t str, NodeId)> + 't {
-        let range = match self.nodes.get(object) {
-            Some(node) if node.shape == Shape::Object => node.inner.0..node.inner.1,
-            _ => 0..0,
-        };
-        let entries = self.entries.get(range).unwrap_or_default();
-        entries.iter().map(move |e| (key_text(text, &self.decoded, e.key), e.value))
+    /// The entries of `object` as read: every key with its value, repeated keys included. None
+    /// for any other value.
+    pub fn entries(&self, object: NodeId<'t>) -> impl Iterator<Item = (&'t str, NodeId<'t>)> + 't {
+        let node = self.node(object);
+        let range = if node.shape == Shape::Object { node.inner.0..node.inner.1 } else { 0..0 };
+        let (nodes, text) = (self.nodes, self.text);
+        nodes.entries[range].iter().map(move |e| (nodes.key_text(text, e.key), NodeId::new(e.value)))
     }
 
-    /// Appends the canonical text of `node` (read from `text`) to `out`, or says why the value
-    /// cannot be stored: the first NUL in the order a sorted map walks its keys and values.
-    pub fn write(
-        &mut self,
-        text: &str,
-        node: NodeId,
-        out: &mut String,
-    ) -> std::result::Result<(), &'static str> {
-        let (mut open, mut order) = (std::mem::take(&mut self.open), std::mem::take(&mut self.order));
+    /// Appends the canonical text of `node` to `out`, or says why the value cannot be stored: the
+    /// first NUL in the order a sorted map walks its keys and values.
+    pub fn write(&mut self, id: NodeId<'t>, out: &mut String) -> std::result::Result<(), &'static str> {
+        let Scratch { open, order, .. } = &mut *self.scratch;
         open.clear();
         order.clear();
-        let written = self.write_with(text, node, out, &mut open, &mut order);
-        (self.open, self.order) = (open, order);
-        written
-    }
-
-    /// Appends to `order` the entries `entries[from..to]` of an object in key order, keeping of a
-    /// repeated key the last read, as a parsed map does.
-    fn sort_entries(&self, text: &str, (from, to): (usize, usize), order: &mut Vec<usize>) {
-        let key = |i: usize| self.entries.get(i).map_or("", |e| key_text(text, &self.decoded, e.key));
-        let first = order.len();
-        order.extend(from..to);
-        let members = &mut order[first..];
-        if members.windows(2).all(|w| key(w[0]) < key(w[1])) {
-            return;
-        }
-        // Stable: of equal keys the last read stays last, and replaces the ones before it.
-        members.sort_by(|a, b| key(*a).cmp(key(*b)));
-        let mut kept = first;
-        for at in first..order.len() {
-            let entry = order[at];
-            if kept > first && key(order[kept - 1]) == key(entry) {
-                order[kept - 1] = entry;
-            } else {
-                order[kept] = entry;
-                kept += 1;
-            }
-        }
-        order.truncate(kept);
-    }
-
-    fn write_with(
-        &self,
-        text: &str,
-        mut id: NodeId,
-        out: &mut String,
-        open: &mut Vec<Open>,
-        order: &mut Vec<usize>,
-    ) -> std::result::Result<(), &'static str> {
+        let (n, text) = (self.nodes, self.text);
+        let mut index = id.index;
         loop {
-            let Some(node) = self.nodes.get(id) else { return Ok(()) };
-            let source = text.get(node.start..node.end).unwrap_or_default();
+            let node = &n.nodes[index];
+            let source = &text[node.start..node.end];
             match node.shape {
                 Shape::Null | Shape::Bool | Shape::Number | Shape::Text | Shape::Escaped => {
                     out.push_str(source)
                 }
-                Shape::Exponent => write_exponent(out, source),
+                Shape::NumberRewrite => json_text::write_number(out, source),
                 Shape::Decoded => {
-                    let s = self.decoded.get(node.inner.0..node.inner.1).unwrap_or_default();
+                    let s = &n.decoded[node.inner.0..node.inner.1];
                     if s.contains('\0') {
                         return Err(NUL_IN_STRING);
                     }
-                    write_escaped(out, s);
+                    json_text::write_string(out, s);
                 }
                 Shape::Array => {
                     out.push('[');
@@ -406,7 +402,7 @@ impl Tape {
                 Shape::Object => {
                     out.push('{');
                     let first = order.len();
-                    self.sort_entries(text, node.inner, order);
+                    n.sort_entries(text, node.inner, order);
                     open.push(Open { object: true, first, next: first, end: order.len() });
                 }
             }
@@ -427,26 +423,25 @@ impl Tape {
                 let at = top.next;
                 top.next += 1;
                 if top.object {
-                    let Some(entry) = order.get(at).and_then(|&e| self.entries.get(e)) else { return Ok(()) };
+                    let entry = n.entries[order[at]];
                     match entry.key {
                         Key::Text(from, to) => {
                             out.push('"');
-                            out.push_str(text.get(from..to).unwrap_or_default());
+                            out.push_str(&text[from..to]);
                             out.push('"');
                         }
                         Key::Decoded(from, to) => {
-                            let key = self.decoded.get(from..to).unwrap_or_default();
+                            let key = &n.decoded[from..to];
                             if key.contains('\0') {
                                 return Err(NUL_IN_KEY);
                             }
-                            write_escaped(out, key);
+                            json_text::write_string(out, key);
                         }
                     }
                     out.push(':');
-                    id = entry.value;
+                    index = entry.value;
                 } else {
-                    let Some(&item) = self.items.get(at) else { return Ok(()) };
-                    id = item;
+                    index = n.items[at];
                 }
                 break;
             }
@@ -454,111 +449,31 @@ impl Tape {
     }
 }
 
-fn key_text<'t>(text: &'t str, decoded: &'t str, key: Key) -> &'t str {
-    match key {
-        Key::Text(from, to) => text.get(from..to),
-        Key::Decoded(from, to) => decoded.get(from..to),
-    }
-    .unwrap_or_default()
-}
-
-fn literal(b: &[u8], i: &mut usize, word: &[u8], shape: Shape) -> Result<Node> {
-    let start = *i;
-    if b.get(start..start + word.len()) != Some(word) {
-        return Err(syntax(start));
-    }
-    *i += word.len();
-    Ok(Node { shape, start, end: *i, inner: (0, 0) })
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Escapes {
-    None,
-    /// Only escapes serde_json writes the same way.
-    Same,
-    /// `\u` or `\/`: the text must be decoded and escaped again.
-    Decode,
-}
-
-/// The end of the string opening at `start` (one past its closing quote), and what escapes it has.
-fn string_end(b: &[u8], start: usize) -> Result<(usize, Escapes)> {
-    let mut i = start + 1;
-    let mut escapes = Escapes::None;
-    // Most strings (keys, ids, dates) are short: a look at their first bytes is cheaper than
-    // setting up a vector search.
-    let near = b.len().min(i + 24);
-    while i < near {
-        match b[i] {
-            b'"' => return Ok((i + 1, escapes)),
-            b'\\' => break,
-            _ => i += 1,
+impl Nodes {
+    /// Appends to `order` the entries `entries[from..to]` of an object in key order, keeping of a
+    /// repeated key the last read, as a parsed map does.
+    fn sort_entries(&self, text: &str, (from, to): (usize, usize), order: &mut Vec<usize>) {
+        let key = |i: usize| self.key_text(text, self.entries[i].key);
+        let first = order.len();
+        order.extend(from..to);
+        let members = &mut order[first..];
+        if members.windows(2).all(|w| key(w[0]) < key(w[1])) {
+            return;
         }
-    }
-    loop {
-        let rest = b.get(i..).unwrap_or_default();
-        match memchr::memchr2(b'"', b'\\', rest) {
-            Some(at) if rest[at] == b'"' => return Ok((i + at + 1, escapes)),
-            Some(at) => {
-                match rest.get(at + 1) {
-                    Some(b'u' | b'/') => escapes = Escapes::Decode,
-                    Some(_) if escapes == Escapes::None => escapes = Escapes::Same,
-                    Some(_) => {}
-                    None => return Err(syntax(i + at)),
-                }
-                i += at + 2;
+        // Stable: of equal keys the last read stays last, and replaces the ones before it.
+        members.sort_by(|a, b| key(*a).cmp(key(*b)));
+        let mut kept = first;
+        for at in first..order.len() {
+            let entry = order[at];
+            if kept > first && key(order[kept - 1]) == key(entry) {
+                order[kept - 1] = entry;
+            } else {
+                order[kept] = entry;
+                kept += 1;
             }
-            None => return Err(syntax(start)),
         }
+        order.truncate(kept);
     }
-}
-
-/// serde_json's `arbitrary_precision` parser keeps a number's text but writes its exponent as a
-/// lowercase `e` followed by an explicit sign.
-fn write_exponent(out: &mut String, number: &str) {
-    match number.find(['e', 'E']) {
-        Some(at) => {
-            out.push_str(&number[..at]);
-            out.push('e');
-            let exponent = &number[at + 1..];
-            if !exponent.starts_with(['+', '-']) {
-                out.push('+');
-            }
-            out.push_str(exponent);
-        }
-        None => out.push_str(number),
-    }
-}
-
-/// A string as serde_json writes it: `"` and `\` escaped, the control characters as `\b`, `\t`,
-/// `\n`, `\f`, `\r` or `\u00xx`, everything else as it is.
-pub fn write_escaped(out: &mut String, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push('"');
-    let mut run = 0;
-    for (i, byte) in s.bytes().enumerate() {
-        let escape = match byte {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            0x08 => "\\b",
-            0x09 => "\\t",
-            0x0A => "\\n",
-            0x0C => "\\f",
-            0x0D => "\\r",
-            0x00..=0x1F => "",
-            _ => continue,
-        };
-        out.push_str(&s[run..i]);
-        run = i + 1;
-        if escape.is_empty() {
-            out.push_str("\\u00");
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0xF)]));
-        } else {
-            out.push_str(escape);
-        }
-    }
-    out.push_str(&s[run..]);
-    out.push('"');
 }
 
 /// Appends a decoded string to a buffer.
@@ -578,4 +493,4 @@ impl<'de> Visitor<'de> for AppendTo<'_> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(in crate::domain::sync) mod tests;

@@ -18,6 +18,8 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::domain::json_text;
+
 /// The three wire shapes of push and pull (docs/api.md §1.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
@@ -134,7 +136,7 @@ impl PushRequest {
 fn write_canonical_record(out: &mut String, r: &IncomingRecord) {
     fn text(out: &mut String, value: Option<&str>) {
         match value {
-            Some(s) => canonical::write_escaped(out, s),
+            Some(s) => json_text::write_string(out, s),
             None => out.push_str("null"),
         }
     }
@@ -169,13 +171,13 @@ fn write_canonical_record(out: &mut String, r: &IncomingRecord) {
     out.push_str(",\"device_id\":");
     text(out, r.device_id.as_deref());
     out.push_str(",\"form_type\":");
-    canonical::write_escaped(out, &r.form_type);
+    json_text::write_string(out, &r.form_type);
     out.push_str(",\"form_version\":");
-    canonical::write_escaped(out, &r.form_version);
+    json_text::write_string(out, &r.form_version);
     out.push_str(",\"geolocation\":");
     json(out, r.geolocation.as_deref());
     out.push_str(",\"id\":");
-    canonical::write_escaped(out, &r.id);
+    json_text::write_string(out, &r.id);
     out.push_str(",\"tags\":");
     match &r.tags {
         Some(tags) => {
@@ -184,7 +186,7 @@ fn write_canonical_record(out: &mut String, r: &IncomingRecord) {
                 if i > 0 {
                     out.push(',');
                 }
-                canonical::write_escaped(out, tag);
+                json_text::write_string(out, tag);
             }
             out.push(']');
         }

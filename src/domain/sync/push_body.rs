@@ -128,10 +128,10 @@ impl<'a> PushBody<'a> {
         let first_is_spec = self.records.as_ref().and_then(|r| r.first()).is_some_and(|raw| {
             // A first record that does not parse counts as no record at all, as it always did.
             let mut tape = Tape::default();
-            let text = raw.get();
-            tape.read(text).is_ok_and(|root| {
-                let has = |name: &str| tape.entries(text, root).any(|(key, _)| key == name);
-                tape.kind(root) == Kind::Object && has("id") && has("schema_type")
+            tape.read(raw.get()).is_ok_and(|doc| {
+                let root = doc.root();
+                let has = |name: &str| doc.entries(root).any(|(key, _)| key == name);
+                doc.kind(root) == Kind::Object && has("id") && has("schema_type")
             })
         });
         Dialect::detect_parts(fields, first_is_spec)

@@ -7,13 +7,12 @@ use crate::domain::sync::push_body::Received;
 use crate::testing::config;
 
 /// The record decoding of the releases before the tape, kept only as the reference: every record
-/// parsed into a `Value` tree, `data` written back from it (the canonical text's tests use its
-/// JSON checks too).
-pub(in crate::domain::sync) mod former {
-    use serde_json::value::RawValue;
+/// parsed into a `Value` tree, `data` written back from it.
+mod former {
     use serde_json::{Map, Value};
 
     use super::super::*;
+    use crate::domain::sync::canonical::tests::{compact_json, storable_json};
 
     /// Decodes and validates a push body, parsing one record at a time. 400 for request-level
     /// problems; 422 listing every record problem.
@@ -269,31 +268,6 @@ pub(in crate::domain::sync) mod former {
                 .map(|t| t.as_str().filter(|s| !s.contains('\0')).map(str::to_string))
                 .collect::<Option<Vec<_>>>()
         })
-    }
-
-    /// A parsed value as compact JSON text; object keys come out sorted (serde_json's map is ordered).
-    pub(in crate::domain::sync) fn compact_json(value: &Value) -> Box<RawValue> {
-        // Serialising a parsed `Value` cannot fail: its keys are strings and its numbers are finite.
-        serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
-    }
-
-    /// NUL cannot appear in PostgreSQL text, and `\u0000` breaks any later cast to jsonb (exports,
-    /// statistics): refuse it up front so the push fails with 422 instead of a database error.
-    pub(in crate::domain::sync) fn storable_json(v: &Value) -> Result<(), &'static str> {
-        match v {
-            Value::String(s) if s.contains('\0') => Err("strings must not contain NUL characters"),
-            Value::Array(items) => items.iter().try_for_each(storable_json),
-            Value::Object(map) => {
-                for (k, v) in map {
-                    if k.contains('\0') {
-                        return Err("keys must not contain NUL characters");
-                    }
-                    storable_json(v)?;
-                }
-                Ok(())
-            }
-            _ => Ok(()),
-        }
     }
 }
 
