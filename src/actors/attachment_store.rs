@@ -1,9 +1,11 @@
-//! The `AttachmentStore` actor owns attachment files: it moves staged uploads into the
+//! The `AttachmentStore` owns attachment files: it moves staged uploads into the
 //! content-addressed blob store and records them through the ChangeLog, and it builds the cached
-//! image variants. Handlers stream request bodies into a `Staged` temp file themselves (the
-//! payload belongs to the request), and read finished blobs straight from storage. It is the only
-//! code that deletes attachment files: a repository reset goes through it, serialised with every
-//! upload, so no upload can commit a row whose file the reset then removes.
+//! image variants. It is not an actor but a plain value every handler shares (cheap to clone):
+//! what it guards is ordered by locks, not by a mailbox (docs/architecture.md, "Attachments").
+//! Handlers stream request bodies into a [`Staging`] temp file themselves (the payload belongs to
+//! the request), and read finished blobs straight from storage. It is the only code that deletes
+//! attachment files: a repository reset goes through it, serialised with every upload, so no
+//! upload can commit a row whose file the reset then removes.
 //!
 //! Keys in the attachments storage area (docs/storage.md): `blobs/<aa>/<sha256>` (immutable
 //! content, named by its hash, so racing uploads with different bytes never touch the same key)
@@ -15,10 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use actix::{Actor, Addr, AsyncContext, Context, Handler, Message, ResponseFuture};
 use bytes::Bytes;
 use deadpool_postgres::Pool;
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, RwLock, Semaphore};
@@ -115,56 +116,46 @@ pub struct Staged {
     pub size: u64,
 }
 
-/// Streams `body` into a new temp file, hashing as it goes; more than `limit` bytes is a 413.
-pub async fn stage<E: std::fmt::Display>(
-    paths: &BlobPaths,
-    mut body: impl Stream<Item = Result<Bytes, E>> + Unpin,
-    limit: u64,
-) -> ApiResult<Staged> {
-    let temp = paths.new_temp();
-    let mut file = tokio::fs::File::create(&temp.path).await?;
-    let mut hasher = Sha256::new();
-    let mut size: u64 = 0;
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("Could not read the upload: {e}")))?;
-        size += chunk.len() as u64;
-        if size > limit {
-            return Err(too_large(limit));
-        }
-        hasher.update(&chunk);
-        file.write_all(&chunk).await?;
+/// An upload being written to a new temp file, hashed as it goes. The handler feeds it the
+/// request's chunks (and decides what a bad or too large body answers); dropped unfinished, the
+/// temp file goes with it.
+pub struct Staging {
+    temp: TempFile,
+    file: tokio::fs::File,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl Staging {
+    pub async fn new(paths: &BlobPaths) -> std::io::Result<Self> {
+        let temp = paths.new_temp();
+        let file = tokio::fs::File::create(&temp.path).await?;
+        Ok(Staging { temp, file, hasher: Sha256::new(), size: 0 })
     }
-    file.flush().await?;
-    file.sync_all().await?;
-    Ok(Staged { temp, sha256: hex::encode(hasher.finalize()), size })
+
+    /// Bytes written so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub async fn write(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        self.size += chunk.len() as u64;
+        self.hasher.update(chunk);
+        self.file.write_all(chunk).await
+    }
+
+    /// Flushed and fsynced: the upload as the store takes it.
+    pub async fn finish(mut self) -> std::io::Result<Staged> {
+        self.file.flush().await?;
+        self.file.sync_all().await?;
+        Ok(Staged { temp: self.temp, sha256: hex::encode(self.hasher.finalize()), size: self.size })
+    }
 }
 
-pub fn too_large(limit: u64) -> ApiError {
-    ApiError::new(ErrorCode::PayloadTooLarge, format!("Attachment exceeds {limit} bytes"))
-}
-
-/// The attachment store's front door: the only writer of attachment files.
+/// The only writer and deleter of attachment files. Nothing in it is state a mailbox would have
+/// to serialise: uploads and resizes hold `files` shared, a reset holds it exclusively, and the
+/// database lock of `db::attachments::lock_files_*` orders the same across nodes.
 #[derive(Clone)]
-pub struct AttachmentStoreHandle(pub(super) Addr<AttachmentStore>);
-
-impl AttachmentStoreHandle {
-    /// Moves a staged upload into place and records it.
-    pub async fn store(&self, store: Store) -> ApiResult<AttachmentCommit> {
-        super::ask_traced(&self.0, "attachment store", store).await
-    }
-
-    /// The resized copy of an image for `quality`, made on first use; `None` serves the original.
-    pub async fn variant(&self, sha256: String, quality: Quality) -> ApiResult<Option<String>> {
-        super::ask_traced(&self.0, "attachment store", Variant { sha256, quality }).await
-    }
-
-    /// Empties the repository (through the change log) and then deletes every attachment file,
-    /// with no upload or resize running in between (docs/api.md §17.3).
-    pub async fn reset_repository(&self, origin: Origin) -> ApiResult<Head> {
-        super::ask_traced(&self.0, "attachment store", ResetRepository(origin)).await
-    }
-}
-
 pub struct AttachmentStore {
     pool: Pool,
     change_log: ChangeLogHandle,
@@ -173,56 +164,66 @@ pub struct AttachmentStore {
     resizes: Arc<Semaphore>,
     /// Held shared by each upload (from its first look at the table until its row is committed)
     /// and each resize, and exclusively by a reset (from its commit until the files are gone).
-    /// Fair: work arriving during a reset waits for it. It orders this process; uploads and
-    /// resets of other nodes sharing the folder are ordered by the database lock of
-    /// `db::attachments::lock_files_shared`, taken inside it.
+    /// Fair: work arriving during a reset waits for it, here rather than holding a pooled
+    /// connection while it waits for the database lock, which uploads and resets of other nodes
+    /// sharing the folder take (`db::attachments::lock_files_shared`, taken inside this one).
     files: Arc<RwLock<()>>,
-    /// Its housekeeping, stopped with the server.
-    tasks: crate::shutdown::Tasks,
 }
 
 impl AttachmentStore {
-    /// Creates the folders (start-up, so a failure stops the server with a clear message).
-    pub fn new(
+    /// Creates the folders (start-up, so a failure stops the server with a clear message) and
+    /// starts the hourly housekeeping.
+    pub fn start(
         pool: Pool,
         change_log: ChangeLogHandle,
         root: &Path,
         area: Area,
-        tasks: crate::shutdown::Tasks,
+        tasks: &crate::shutdown::Tasks,
     ) -> anyhow::Result<Self> {
         let paths = BlobPaths::new(root);
         paths.create_dirs().map_err(|e| anyhow::anyhow!("ATTACHMENTS_PATH: {}: {e}", root.display()))?;
-        Ok(AttachmentStore {
+        let store = AttachmentStore {
             pool,
             change_log,
             paths,
             area,
             resizes: Arc::new(Semaphore::new(MAX_CONCURRENT_RESIZES)),
             files: Arc::new(RwLock::new(())),
-            tasks,
-        })
+        };
+        // At start, then hourly: stale temp files and stored files no row refers to.
+        let (tmp, area, pool, files) =
+            (store.paths.tmp_dir(), store.area.clone(), store.pool.clone(), store.files.clone());
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(3600));
+            loop {
+                tick.tick().await;
+                let tmp = tmp.clone();
+                let _ = tokio::task::spawn_blocking(move || sweep_temp(&tmp, STALE_TEMP_AGE)).await;
+                sweep_orphans(&area, &pool, &files).await;
+            }
+        });
+        Ok(store)
     }
 
     pub fn paths(&self) -> BlobPaths {
         self.paths.clone()
     }
-}
 
-impl Actor for AttachmentStore {
-    type Context = Context<Self>;
+    /// Moves a staged upload into place and records it (docs/api.md §10.2).
+    pub async fn store(&self, msg: Store) -> ApiResult<AttachmentCommit> {
+        to_the_end("Store", self.clone().store_inner(msg)).await
+    }
 
-    fn started(&mut self, ctx: &mut Self::Context) {
-        // At start, then hourly: stale temp files and stored files no row refers to.
-        let housekeeping = |store: &mut Self| {
-            let (tmp, area, pool, files) =
-                (store.paths.tmp_dir(), store.area.clone(), store.pool.clone(), store.files.clone());
-            store.tasks.spawn(async move {
-                let _ = tokio::task::spawn_blocking(move || sweep_temp(&tmp, STALE_TEMP_AGE)).await;
-                sweep_orphans(&area, &pool, &files).await;
-            });
-        };
-        housekeeping(self);
-        ctx.run_interval(Duration::from_secs(3600), move |store, _| housekeeping(store));
+    /// The resized copy of an image for `quality`, made on first use; `None` serves the original
+    /// (not an image, already small enough, or not decodable).
+    pub async fn variant(&self, sha256: String, quality: Quality) -> ApiResult<Option<String>> {
+        to_the_end("Variant", self.clone().variant_inner(sha256, quality)).await
+    }
+
+    /// Empties the repository (through the change log) and then deletes every attachment file,
+    /// with no upload or resize running in between (docs/api.md §17.3).
+    pub async fn reset_repository(&self, origin: Origin) -> ApiResult<Head> {
+        to_the_end("ResetRepository", self.clone().reset_inner(origin)).await
     }
 }
 
@@ -264,8 +265,6 @@ pub fn sweep_temp(tmp: &Path, age: Duration) -> usize {
 }
 
 /// Moves a staged upload into place and records it (docs/api.md §10.2).
-#[derive(Message)]
-#[rtype(result = "ApiResult<AttachmentCommit>")]
 pub struct Store {
     pub staged: Staged,
     pub id: String,
@@ -274,134 +273,105 @@ pub struct Store {
     pub client_id: Option<String>,
 }
 
-super::traced!(AttachmentStore: Store, Variant, ResetRepository);
+/// A call's work, run to its end (an upload recorded, a reset's files removed) even if the
+/// request goes away.
+async fn to_the_end<T: 'static>(
+    message: &'static str,
+    work: impl std::future::Future<Output = ApiResult<T>> + 'static,
+) -> ApiResult<T> {
+    super::to_the_end("attachment store", message, work).await
+}
 
-impl Handler<Store> for AttachmentStore {
-    type Result = ResponseFuture<ApiResult<AttachmentCommit>>;
-
-    fn handle(&mut self, msg: Store, _: &mut Self::Context) -> Self::Result {
-        let (pool, change_log, area) = (self.pool.clone(), self.change_log.clone(), self.area.clone());
-        let files = self.files.clone();
-        Box::pin(async move {
-            let _no_reset = files.read_owned().await;
-            // The same for resets on other nodes sharing the folder.
-            let mut guard_connection = pool.get().await?;
-            let no_reset_anywhere = guard_connection.transaction().await?;
-            attachments::lock_files_shared(&no_reset_anywhere).await?;
-            // Answers the common retry without touching the blob store; the ChangeLog commit below
-            // still decides every race.
-            let existing = attachments::find(&no_reset_anywhere, &msg.id).await?;
-            if let Some(row) = existing {
-                if row.sha256 != msg.staged.sha256 {
-                    return Err(ApiError::of(ErrorCode::AttachmentExists));
-                }
-                // A store that lost the blob (a restore from an older bucket snapshot, an
-                // operator's mistake) is repaired by the device re-sending the same bytes.
-                let key = blob_key(&row.sha256);
-                if area.head(&key).await?.is_none() {
-                    tracing::warn!(attachment = %row.id, "stored file was missing; the identical re-upload restored it");
-                    put_content(&area, &key, msg.staged.temp.path()).await?;
-                }
-                return Ok(AttachmentCommit { row, created: false });
+impl AttachmentStore {
+    async fn store_inner(self, msg: Store) -> ApiResult<AttachmentCommit> {
+        let _no_reset = self.files.read_owned().await;
+        // The same for resets on other nodes sharing the folder.
+        let mut guard_connection = self.pool.get().await?;
+        let no_reset_anywhere = guard_connection.transaction().await?;
+        attachments::lock_files_shared(&no_reset_anywhere).await?;
+        // Answers the common retry without touching the blob store; the ChangeLog commit below
+        // still decides every race.
+        let existing = attachments::find(&no_reset_anywhere, &msg.id).await?;
+        if let Some(row) = existing {
+            if row.sha256 != msg.staged.sha256 {
+                return Err(ApiError::of(ErrorCode::AttachmentExists));
             }
-            let Store { staged, id, content_type, uploaded_by, client_id } = msg;
-            crate::monitoring::attachment_uploaded(staged.size);
-            put_content(&area, &blob_key(&staged.sha256), staged.temp.path()).await?;
-            drop(staged.temp);
-            let new = NewAttachment {
-                id,
-                sha256: staged.sha256,
-                size: staged.size as i64,
-                content_type,
-                uploaded_by,
-                client_id,
-            };
-            let committed = change_log.commit_attachment(new).await;
-            // Only the lock was in it; a failed rollback ends the transaction as well.
-            let _ = no_reset_anywhere.rollback().await;
-            committed
-        })
+            // A store that lost the blob (a restore from an older bucket snapshot, an
+            // operator's mistake) is repaired by the device re-sending the same bytes.
+            let key = blob_key(&row.sha256);
+            if self.area.head(&key).await?.is_none() {
+                tracing::warn!(attachment = %row.id, "stored file was missing; the identical re-upload restored it");
+                put_content(&self.area, &key, msg.staged.temp.path()).await?;
+            }
+            return Ok(AttachmentCommit { row, created: false });
+        }
+        let Store { staged, id, content_type, uploaded_by, client_id } = msg;
+        crate::monitoring::attachment_uploaded(staged.size);
+        put_content(&self.area, &blob_key(&staged.sha256), staged.temp.path()).await?;
+        drop(staged.temp);
+        let new = NewAttachment {
+            id,
+            sha256: staged.sha256,
+            size: staged.size as i64,
+            content_type,
+            uploaded_by,
+            client_id,
+        };
+        let committed = self.change_log.commit_attachment(new).await;
+        // Only the lock was in it; a failed rollback ends the transaction as well.
+        let _ = no_reset_anywhere.rollback().await;
+        committed
     }
-}
 
-/// A resized copy of an image attachment, made once and kept on disk. `None` means "serve the
-/// original": not an image, already small enough, or not decodable.
-#[derive(Message)]
-#[rtype(result = "ApiResult<Option<String>>")]
-struct Variant {
-    pub sha256: String,
-    pub quality: Quality,
-}
-
-impl Handler<Variant> for AttachmentStore {
-    type Result = ResponseFuture<ApiResult<Option<String>>>;
-
-    fn handle(&mut self, msg: Variant, _: &mut Self::Context) -> Self::Result {
-        let (paths, area) = (self.paths.clone(), self.area.clone());
-        let (resizes, files) = (self.resizes.clone(), self.files.clone());
-        Box::pin(async move {
-            let _no_reset = files.read_owned().await;
-            let key = variant_key(&msg.sha256, msg.quality);
-            if area.head(&key).await?.is_some() {
-                return Ok(Some(key));
+    async fn variant_inner(self, sha256: String, quality: Quality) -> ApiResult<Option<String>> {
+        let _no_reset = self.files.read_owned().await;
+        let (paths, area) = (&self.paths, &self.area);
+        let key = variant_key(&sha256, quality);
+        if area.head(&key).await?.is_some() {
+            return Ok(Some(key));
+        }
+        let _permit = self.resizes.clone().acquire_owned().await.map_err(ApiError::internal)?;
+        // Whoever held the permit before may have just made the same variant.
+        if area.head(&key).await?.is_some() {
+            return Ok(Some(key));
+        }
+        // The decoder reads a local file: the blob itself, or a copy fetched from the store.
+        let fetched = paths.new_temp();
+        let source = match area.local_path(&blob_key(&sha256)) {
+            Some(path) => path,
+            None => {
+                area.fetch_to(&blob_key(&sha256), fetched.path()).await?;
+                fetched.path().to_path_buf()
             }
-            let _permit = resizes.acquire_owned().await.map_err(ApiError::internal)?;
-            // Whoever held the permit before may have just made the same variant.
-            if area.head(&key).await?.is_some() {
-                return Ok(Some(key));
+        };
+        let temp = paths.new_temp();
+        let out = temp.path().to_path_buf();
+        let made = actix_web::web::block(move || make_variant(&source, &out, quality)).await?;
+        match made {
+            Ok(true) => {
+                put_content(area, &key, temp.path()).await?;
+                Ok(Some(key))
             }
-            // The decoder reads a local file: the blob itself, or a copy fetched from the store.
-            let fetched = paths.new_temp();
-            let source = match area.local_path(&blob_key(&msg.sha256)) {
-                Some(path) => path,
-                None => {
-                    area.fetch_to(&blob_key(&msg.sha256), fetched.path()).await?;
-                    fetched.path().to_path_buf()
-                }
-            };
-            let temp = paths.new_temp();
-            let (out, quality) = (temp.path().to_path_buf(), msg.quality);
-            let made = actix_web::web::block(move || make_variant(&source, &out, quality)).await?;
-            match made {
-                Ok(true) => {
-                    put_content(&area, &key, temp.path()).await?;
-                    Ok(Some(key))
-                }
-                Ok(false) => Ok(None),
-                Err(e) => {
-                    tracing::warn!(sha256 = %msg.sha256, error = %e, "image variant not made; serving the original");
-                    Ok(None)
-                }
+            Ok(false) => Ok(None),
+            Err(e) => {
+                tracing::warn!(sha256 = %sha256, error = %e, "image variant not made; serving the original");
+                Ok(None)
             }
-        })
+        }
     }
-}
 
-/// Empties the repository and removes the attachment files, as one step for uploads.
-struct ResetRepository(Origin);
-
-impl Message for ResetRepository {
-    type Result = ApiResult<Head>;
-}
-
-impl Handler<ResetRepository> for AttachmentStore {
-    type Result = ResponseFuture<ApiResult<Head>>;
-
-    fn handle(&mut self, ResetRepository(origin): ResetRepository, _: &mut Self::Context) -> Self::Result {
-        let (change_log, area, files) = (self.change_log.clone(), self.area.clone(), self.files.clone());
-        let pool = self.pool.clone();
-        Box::pin(async move {
-            let _exclusive = files.write_owned().await;
-            let mut guard_connection = pool.get().await?;
-            let exclusive_everywhere = guard_connection.transaction().await?;
-            attachments::lock_files_exclusive(&exclusive_everywhere).await?;
-            let head = change_log.reset_repository(origin).await?;
-            // Files go only after the commit: a failed reset must not lose attachments still
-            // referenced.
-            remove_files(&area).await;
-            let _ = exclusive_everywhere.rollback().await;
-            Ok(head)
-        })
+    /// Empties the repository and removes the attachment files, as one step for uploads.
+    async fn reset_inner(self, origin: Origin) -> ApiResult<Head> {
+        let _exclusive = self.files.write_owned().await;
+        let mut guard_connection = self.pool.get().await?;
+        let exclusive_everywhere = guard_connection.transaction().await?;
+        attachments::lock_files_exclusive(&exclusive_everywhere).await?;
+        let head = self.change_log.reset_repository(origin).await?;
+        // Files go only after the commit: a failed reset must not lose attachments still
+        // referenced.
+        remove_files(&self.area).await;
+        let _ = exclusive_everywhere.rollback().await;
+        Ok(head)
     }
 }
 

@@ -1,12 +1,17 @@
-//! `BundleStore` owns the active app bundle version (docs/api.md §9, docs/architecture.md
-//! "App bundles").
+//! `BundleStore` owns the app bundle versions and the active pointer (docs/api.md §9,
+//! docs/architecture.md "App bundles").
 //!
 //! Uploads are validated, unpacked into a staging folder, then stored as `versions/<id>/` in
 //! the bundles storage area (renamed there with the local backend) and recorded in one
-//! transaction under the bundle lock, so a failed upload leaves nothing and uses no id. The active pointer lives in the database; this actor keeps
-//! the active version in memory and learns about switches made by other processes through
-//! LISTEN/NOTIFY, with a periodic re-read as the fallback. Every change carries the pointer's
-//! generation, so updates applied out of order never move the pointer back.
+//! transaction under the bundle lock, so a failed upload leaves nothing and uses no id. The
+//! active pointer lives in the database; the store keeps the active version in memory and learns
+//! about switches made by other processes through LISTEN/NOTIFY, with a periodic re-read as the
+//! fallback. Every change carries the pointer's generation, so updates applied out of order never
+//! move the pointer back.
+//!
+//! It is not an actor but a plain value every handler shares (cheap to clone): its writes are
+//! serialised by the bundle lock in the database, which orders other nodes too, and its one piece
+//! of memory, the active pointer, changes under a mutex and only to a newer generation.
 
 mod cache;
 mod files;
@@ -14,15 +19,14 @@ mod insert;
 mod version;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use actix::prelude::*;
-use actix::WeakAddr;
 use chrono::{DateTime, Utc};
 use dashmap::DashMap;
 use deadpool_postgres::Pool;
 use serde_json::Value;
+use tracing::Instrument;
 
 use files::{remove_stale_staging, unpack, BundleFiles};
 pub use files::{staging_dir, version_prefix, zip_key};
@@ -50,17 +54,6 @@ pub enum Target {
     Version(String),
 }
 
-/// Resolves a target to one version; the caller then serves only from that version. With
-/// `files`, the version's files are made readable on this node first.
-struct Resolve {
-    target: Target,
-    files: bool,
-}
-
-impl Message for Resolve {
-    type Result = ApiResult<Arc<VersionInfo>>;
-}
-
 /// A validated-to-be upload, already streamed to `upload` (a file in [`staging_dir`]).
 pub struct Push {
     pub upload: PathBuf,
@@ -77,67 +70,11 @@ pub struct PushOutcome {
     pub warnings: Vec<KeptFormSpec>,
 }
 
-impl Message for Push {
-    type Result = ApiResult<PushOutcome>;
-}
-
-struct Switch {
-    pub version: String,
-    pub origin: Origin,
-}
-
 #[derive(Debug)]
 pub struct SwitchOutcome {
     pub version: String,
     pub previous_version: Option<String>,
     pub warnings: Vec<KeptFormSpec>,
-}
-
-impl Message for Switch {
-    type Result = ApiResult<SwitchOutcome>;
-}
-
-/// Re-read the active pointer (sent by the LISTEN task and the timer).
-struct Refresh;
-
-impl Message for Refresh {
-    type Result = ();
-}
-
-/// The pointer state applied in memory: its generation and the version it names.
-type Pointer = (i64, Option<Arc<VersionInfo>>);
-
-/// The bundle store's front door: reads resolve a version, writes upload or switch.
-#[derive(Clone)]
-pub struct BundleStoreHandle(pub(super) Addr<BundleStore>);
-
-impl BundleStoreHandle {
-    /// Resolves a target to one version; the caller then serves only from that version.
-    pub async fn resolve(&self, target: Target) -> ApiResult<Arc<VersionInfo>> {
-        super::ask_traced(&self.0, "bundle store", Resolve { target, files: false }).await
-    }
-
-    /// Like [`Self::resolve`], for routes that read the version's files (`info.dir`, `info.zip_path`).
-    pub async fn resolve_files(&self, target: Target) -> ApiResult<Arc<VersionInfo>> {
-        super::ask_traced(&self.0, "bundle store", Resolve { target, files: true }).await
-    }
-
-    /// Validates and stores an upload already streamed to `push.upload`, activating it if asked.
-    pub async fn push(&self, push: Push) -> ApiResult<PushOutcome> {
-        super::ask_traced(&self.0, "bundle store", push).await
-    }
-
-    /// Makes `version` the active one.
-    pub async fn activate(&self, version: String, origin: Origin) -> ApiResult<SwitchOutcome> {
-        super::ask_traced(&self.0, "bundle store", Switch { version, origin }).await
-    }
-
-    /// Registers a form spec sent through the API. The store is the one writer of `form_specs`
-    /// (activating a bundle registers its forms), so both kinds of registration take the bundle
-    /// lock and cannot interleave, in this process or another.
-    pub async fn register_form_spec(&self, spec: NewFormSpec, origin: Origin) -> ApiResult<Registration> {
-        super::ask_traced(&self.0, "bundle store", RegisterFormSpec(spec, origin)).await
-    }
 }
 
 /// A form spec as the API receives it (docs/api.md §11.1), already checked.
@@ -149,162 +86,202 @@ pub struct NewFormSpec {
     pub uischema: Value,
 }
 
-struct RegisterFormSpec(NewFormSpec, Origin);
+/// The pointer state applied in memory: its generation and the version it names.
+type Pointer = (i64, Option<Arc<VersionInfo>>);
 
-impl Message for RegisterFormSpec {
-    type Result = ApiResult<Registration>;
-}
-
-super::traced!(BundleStore: Resolve, Push, Switch, RegisterFormSpec);
-
-impl Handler<RegisterFormSpec> for BundleStore {
-    type Result = ResponseFuture<ApiResult<Registration>>;
-
-    fn handle(
-        &mut self,
-        RegisterFormSpec(spec, origin): RegisterFormSpec,
-        _: &mut Context<Self>,
-    ) -> Self::Result {
-        let pool = self.pool.clone();
-        Box::pin(async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            db::bundles::lock(&tx).await?;
-            let registration = db::formspecs::register(
-                &tx,
-                &spec.form_type,
-                &spec.version,
-                &spec.schema,
-                &spec.uischema,
-                "api",
-            )
-            .await?;
-            // Only a new spec changes anything; an identical one is a no-op, a conflict refused.
-            if let Registration::Created(_) = &registration {
-                let details = serde_json::json!({"version": spec.version});
-                db::audit::append(
-                    &tx,
-                    &origin.entry(Action::FormSpecChanged, Some(&spec.form_type), details),
-                )
-                .await?;
-            }
-            tx.commit().await?;
-            Ok(registration)
-        })
-    }
-}
-
+/// The bundle store: reads resolve a version, writes upload, switch or register form specs.
+#[derive(Clone)]
 pub struct BundleStore {
-    pool: Pool,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    job: Job,
     conn: String,
-    /// APP_BUNDLE_PATH: uploads and staging folders.
-    root: PathBuf,
-    files: BundleFiles,
     keep: usize,
     limits: Limits,
-    generation: i64,
-    active: Option<Arc<VersionInfo>>,
-    cache: Arc<DashMap<String, Arc<VersionInfo>>>,
-    /// Its background work (the LISTEN loop, sweeps, caching), stopped with the server.
+    /// The pointer as this process last applied it.
+    pointer: Mutex<Pointer>,
+    /// Its background work (following the pointer, sweeps, caching), stopped with the server.
     tasks: crate::shutdown::Tasks,
 }
 
+/// A call's work, run to its end (the pointer applied) even if the request goes away.
+async fn to_the_end<T: 'static>(
+    message: &'static str,
+    work: impl std::future::Future<Output = ApiResult<T>> + 'static,
+) -> ApiResult<T> {
+    super::to_the_end("bundle store", message, work).await
+}
+
 impl BundleStore {
-    /// Loads the active version, then starts the actor. `conn` opens the LISTEN connection.
+    /// Loads the active version, then starts following the pointer (LISTEN and the timer) and
+    /// the hourly sweep of files without a row. `conn` opens the LISTEN connection.
     pub async fn start(
         config: &crate::config::Config,
         pool: &Pool,
         conn: &str,
         storage: &crate::storage::Storage,
         tasks: &crate::shutdown::Tasks,
-    ) -> anyhow::Result<Addr<Self>> {
+    ) -> anyhow::Result<Self> {
         let root = config.app_bundle_path.clone();
         std::fs::create_dir_all(staging_dir(&root))?;
         remove_stale_staging(&staging_dir(&root));
         let files = BundleFiles::new(config, storage.bundles.clone())?;
-        let cache = Arc::new(DashMap::new());
-        let job = Job { pool: pool.clone(), root: root.clone(), files: files.clone(), cache: cache.clone() };
-        let (generation, active) = read_pointer(&job, -1)
+        let job = Job { pool: pool.clone(), root, files, cache: Arc::new(DashMap::new()) };
+        let pointer = read_pointer(&job, -1)
             .await
             .map_err(|e| anyhow::anyhow!("cannot read the active app bundle: {e}"))?
             .unwrap_or((0, None));
         let store = BundleStore {
-            pool: pool.clone(),
-            conn: conn.to_owned(),
-            root,
-            files,
-            keep: config.max_versions_kept,
-            limits: Limits::default(),
-            generation,
-            active,
-            cache,
-            tasks: tasks.clone(),
+            inner: Arc::new(Inner {
+                job,
+                conn: conn.to_owned(),
+                keep: config.max_versions_kept,
+                limits: Limits::default(),
+                pointer: Mutex::new((-1, None)),
+                tasks: tasks.clone(),
+            }),
         };
-        Ok(store.start())
+        store.apply(pointer);
+        tasks.spawn_local(follow_pointer(Arc::downgrade(&store.inner)));
+        tasks.spawn_local(listen_loop(Arc::downgrade(&store.inner)));
+        let (files, pool) = (store.inner.job.files.clone(), pool.clone());
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(3600));
+            loop {
+                tick.tick().await;
+                files.sweep(&pool).await;
+            }
+        });
+        Ok(store)
     }
 
-    fn apply(&mut self, (generation, active): Pointer) {
-        if generation > self.generation {
-            self.generation = generation;
-            self.active = active;
-            // Fetched now rather than by the first device asking, and kept through outages.
-            if let Some(info) = self.active.clone() {
-                let files = self.files.clone();
-                self.tasks.spawn_local(async move {
-                    if let Err(error) = files.ensure(&info, Some(&info.version)).await {
-                        tracing::warn!(%error, version = %info.version, "cannot cache the active app bundle");
-                    }
-                });
+    /// Resolves a target to one version; the caller then serves only from that version.
+    pub async fn resolve(&self, target: Target) -> ApiResult<Arc<VersionInfo>> {
+        self.resolve_with(target, false).instrument(super::store_span("bundle store", "Resolve")).await
+    }
+
+    /// Like [`Self::resolve`], for routes that read the version's files (`info.dir`, `info.zip_path`):
+    /// the version's files are made readable on this node first.
+    pub async fn resolve_files(&self, target: Target) -> ApiResult<Arc<VersionInfo>> {
+        self.resolve_with(target, true).instrument(super::store_span("bundle store", "Resolve")).await
+    }
+
+    /// Validates and stores an upload already streamed to `push.upload`, activating it if asked.
+    pub async fn push(&self, push: Push) -> ApiResult<PushOutcome> {
+        let store = self.clone();
+        to_the_end("Push", async move {
+            let inner = &store.inner;
+            let upload = push.upload.clone();
+            let origin = push.origin.clone();
+            let result = inner.job.push(push, inner.limits.clone()).await;
+            // Only a failed push still owns its upload; a successful one moved it into place.
+            if result.is_err() {
+                let _ = tokio::fs::remove_file(&upload).await;
             }
+            let (outcome, pointer) = result?;
+            inner.job.retain(inner.keep, &outcome.version.version, &origin).await;
+            if let Some(pointer) = pointer {
+                store.apply(pointer);
+            }
+            Ok(outcome)
+        })
+        .await
+    }
+
+    /// Makes `version` the active one.
+    pub async fn activate(&self, version: String, origin: Origin) -> ApiResult<SwitchOutcome> {
+        let store = self.clone();
+        to_the_end("Switch", async move {
+            let (outcome, pointer) = store.inner.job.switch(&version, &origin).await?;
+            if let Some(pointer) = pointer {
+                store.apply(pointer);
+            }
+            Ok(outcome)
+        })
+        .await
+    }
+
+    /// Registers a form spec sent through the API. The store is the one writer of `form_specs`
+    /// (activating a bundle registers its forms), so both kinds of registration take the bundle
+    /// lock and cannot interleave, in this process or another.
+    pub async fn register_form_spec(&self, spec: NewFormSpec, origin: Origin) -> ApiResult<Registration> {
+        to_the_end("RegisterFormSpec", register_form_spec(self.inner.job.pool.clone(), spec, origin)).await
+    }
+
+    async fn resolve_with(&self, target: Target, files: bool) -> ApiResult<Arc<VersionInfo>> {
+        let job = &self.inner.job;
+        let active = self.active();
+        let info = job.resolve(target, active.clone()).await?;
+        if files {
+            job.files.ensure(&info, active.as_ref().map(|a| a.version.as_str())).await?;
+        }
+        Ok(info)
+    }
+
+    fn active(&self) -> Option<Arc<VersionInfo>> {
+        self.inner
+            .pointer
+            .lock()
+            .map(|p| p.1.clone())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().1.clone())
+    }
+
+    /// Applies a pointer read from the database, if it is newer than the one applied.
+    fn apply(&self, (generation, active): Pointer) {
+        let mut applied = self.inner.pointer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if generation <= applied.0 {
+            return;
+        }
+        *applied = (generation, active.clone());
+        drop(applied);
+        // Fetched now rather than by the first device asking, and kept through outages.
+        if let Some(info) = active {
+            let files = self.inner.job.files.clone();
+            self.inner.tasks.spawn_local(async move {
+                if let Err(error) = files.ensure(&info, Some(&info.version)).await {
+                    tracing::warn!(%error, version = %info.version, "cannot cache the active app bundle");
+                }
+            });
         }
     }
 
-    fn refresh(&mut self, ctx: &mut Context<Self>) {
-        let (job, known) = (self.job(), self.generation);
-        let read = async move { read_pointer(&job, known).await };
-        ctx.spawn(read.into_actor(self).map(|result, store, _| match result {
-            Ok(Some(pointer)) => store.apply(pointer),
+    /// Re-reads the pointer and applies it if it moved.
+    async fn refresh(&self) {
+        let known = self.inner.pointer.lock().map(|p| p.0).unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        match read_pointer(&self.inner.job, known).await {
+            Ok(Some(pointer)) => self.apply(pointer),
             Ok(None) => {}
             Err(error) => tracing::warn!(%error, "cannot re-read the active app bundle"),
-        }));
-    }
-
-    fn job(&self) -> Job {
-        Job {
-            pool: self.pool.clone(),
-            root: self.root.clone(),
-            files: self.files.clone(),
-            cache: self.cache.clone(),
         }
     }
 }
 
-impl Actor for BundleStore {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(REFRESH_INTERVAL, |store, ctx| store.refresh(ctx));
-        self.tasks.spawn(listen_loop(self.conn.clone(), ctx.address().downgrade()));
-        let sweep = |store: &mut Self| {
-            let (files, pool) = (store.files.clone(), store.pool.clone());
-            store.tasks.spawn(async move { files.sweep(&pool).await });
-        };
-        sweep(self);
-        ctx.run_interval(Duration::from_secs(3600), move |store, _| sweep(store));
+/// Re-reads the pointer every [`REFRESH_INTERVAL`] while the store exists, in case a
+/// notification was lost.
+async fn follow_pointer(store: Weak<Inner>) {
+    let mut tick = tokio::time::interval(REFRESH_INTERVAL);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(inner) = store.upgrade() else { return };
+        BundleStore { inner }.refresh().await;
     }
 }
 
-/// Keeps a LISTEN connection open for the actor's lifetime, reconnecting after failures.
-async fn listen_loop(conn: String, store: WeakAddr<BundleStore>) {
+/// Keeps a LISTEN connection open while the store exists, reconnecting after failures.
+async fn listen_loop(store: Weak<Inner>) {
     loop {
+        let Some(conn) = store.upgrade().map(|inner| inner.conn.clone()) else { return };
         match db::bundles::listen_for_switches(&conn).await {
             Ok((client, mut notifications)) => {
                 // Catch up with any switch made while nobody was listening.
-                let Some(addr) = store.upgrade() else { return };
-                addr.do_send(Refresh);
+                let Some(inner) = store.upgrade() else { return };
+                BundleStore { inner }.refresh().await;
                 while notifications.recv().await.is_some() {
-                    let Some(addr) = store.upgrade() else { return };
-                    addr.do_send(Refresh);
+                    let Some(inner) = store.upgrade() else { return };
+                    BundleStore { inner }.refresh().await;
                 }
                 drop(client);
             }
@@ -317,28 +294,22 @@ async fn listen_loop(conn: String, store: WeakAddr<BundleStore>) {
     }
 }
 
-impl Handler<Refresh> for BundleStore {
-    type Result = ();
-
-    fn handle(&mut self, _: Refresh, ctx: &mut Context<Self>) {
-        self.refresh(ctx);
+/// A form spec registration, in one transaction under the bundle lock, with its audit entry.
+async fn register_form_spec(pool: Pool, spec: NewFormSpec, origin: Origin) -> ApiResult<Registration> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    db::bundles::lock(&tx).await?;
+    let registration =
+        db::formspecs::register(&tx, &spec.form_type, &spec.version, &spec.schema, &spec.uischema, "api")
+            .await?;
+    // Only a new spec changes anything; an identical one is a no-op, a conflict refused.
+    if let Registration::Created(_) = &registration {
+        let details = serde_json::json!({"version": spec.version});
+        db::audit::append(&tx, &origin.entry(Action::FormSpecChanged, Some(&spec.form_type), details))
+            .await?;
     }
-}
-
-impl Handler<Resolve> for BundleStore {
-    type Result = ResponseFuture<ApiResult<Arc<VersionInfo>>>;
-
-    fn handle(&mut self, Resolve { target, files }: Resolve, _: &mut Context<Self>) -> Self::Result {
-        let job = self.job();
-        let active = self.active.clone();
-        Box::pin(async move {
-            let info = job.resolve(target, active.clone()).await?;
-            if files {
-                job.files.ensure(&info, active.as_ref().map(|a| a.version.as_str())).await?;
-            }
-            Ok(info)
-        })
-    }
+    tx.commit().await?;
+    Ok(registration)
 }
 
 impl Job {
@@ -369,51 +340,6 @@ impl Job {
     }
 }
 
-impl Handler<Push> for BundleStore {
-    type Result = ResponseActFuture<Self, ApiResult<PushOutcome>>;
-
-    fn handle(&mut self, push: Push, _: &mut Context<Self>) -> Self::Result {
-        let job = self.job();
-        let (keep, limits) = (self.keep, self.limits.clone());
-        let work = async move {
-            let upload = push.upload.clone();
-            let origin = push.origin.clone();
-            let result = job.push(push, limits).await;
-            // Only a failed push still owns its upload; a successful one moved it into place.
-            if result.is_err() {
-                let _ = tokio::fs::remove_file(&upload).await;
-            }
-            let (outcome, pointer) = result?;
-            job.retain(keep, &outcome.version.version, &origin).await;
-            ApiResult::Ok((outcome, pointer))
-        };
-        Box::pin(work.into_actor(self).map(|result, store, _| {
-            let (outcome, pointer) = result?;
-            if let Some(pointer) = pointer {
-                store.apply(pointer);
-            }
-            Ok(outcome)
-        }))
-    }
-}
-
-impl Handler<Switch> for BundleStore {
-    type Result = ResponseActFuture<Self, ApiResult<SwitchOutcome>>;
-
-    fn handle(&mut self, Switch { version, origin }: Switch, _: &mut Context<Self>) -> Self::Result {
-        let job = self.job();
-        Box::pin(async move { job.switch(&version, &origin).await }.into_actor(self).map(
-            |result, store, _| {
-                let (outcome, pointer) = result?;
-                if let Some(pointer) = pointer {
-                    store.apply(pointer);
-                }
-                Ok(outcome)
-            },
-        ))
-    }
-}
-
 /// Reads the pointer; `None` when its generation is not newer than `known`.
 async fn read_pointer(job: &Job, known: i64) -> ApiResult<Option<Pointer>> {
     let db = job.pool.get().await?;
@@ -433,7 +359,7 @@ async fn read_pointer(job: &Job, known: i64) -> ApiResult<Option<Pointer>> {
     Ok(Some((generation, info)))
 }
 
-/// The work of one message, run off the actor so downloads keep resolving meanwhile.
+/// What every call of the store works with: the database, the files and the loaded versions.
 struct Job {
     pool: Pool,
     root: PathBuf,

@@ -1,6 +1,8 @@
 //! Actors own the server's single-owner state. Handlers talk to them only through their typed
-//! handles (`ChangeLogHandle`, `BundleStoreHandle`, ...), whose async methods send the message and
-//! map a mailbox failure to an error once, in [`ask`]; no handler sees an `Addr`.
+//! handles (`ChangeLogHandle`, `ExportJobsHandle`, ...), whose async methods send the message and
+//! map a mailbox failure to an error once, in [`ask`]; no handler sees an `Addr`. Beside them,
+//! the bundle and attachment stores are plain shared values whose work locks order, not
+//! actors (docs/architecture.md, "The picture").
 
 pub mod attachment_store;
 pub mod bundle_store;
@@ -29,8 +31,8 @@ use crate::error::{ApiError, ApiResult};
 pub struct Actors {
     pub change_log: change_log::ChangeLogHandle,
     pub presence: presence::PresenceHandle,
-    pub bundles: bundle_store::BundleStoreHandle,
-    pub attachments: attachment_store::AttachmentStoreHandle,
+    pub bundles: bundle_store::BundleStore,
+    pub attachments: attachment_store::AttachmentStore,
     pub export_jobs: export_jobs::ExportJobsHandle,
     pub scope_sets: scope_sets::ScopeSetsHandle,
 }
@@ -74,6 +76,24 @@ where
         .instrument(span)
         .await
         .map_err(|source| ApiError::internal(NoAnswer { actor, source }))?
+}
+
+/// The span of a call into one of the two stores, which are not actors but are traced as if they
+/// were (`"{store}: {message}"`, a child of the request's span).
+fn store_span(store: &'static str, message: &'static str) -> tracing::Span {
+    tracing::info_span!("actor", otel.name = %format_args!("{store}: {message}"), actor = store, message)
+}
+
+/// Runs a store's part of a request in its span and to its end, even when the request goes away
+/// meanwhile, as an actor's answer did: an upload, a switch or a reset half done would leave
+/// files and rows apart. It is the request's work, not background work: the request awaits it,
+/// and the drain at shutdown waits for the request.
+async fn to_the_end<T: 'static>(
+    store: &'static str,
+    message: &'static str,
+    work: impl std::future::Future<Output = ApiResult<T>> + 'static,
+) -> ApiResult<T> {
+    actix::spawn(work.instrument(store_span(store, message))).await.map_err(ApiError::internal)?
 }
 
 /// A message and the span it is handled in. Every actor handles `Traced<M>` for each of its
@@ -180,19 +200,14 @@ pub async fn start(
     // sharing the request pool would leave every pooled connection holding that much memory.
     let change_log = change_log::ChangeLogHandle::start(crate::db::create_pool(conn, 2)?);
     let presence = presence::PresenceHandle(presence::Presence::new(pool.clone(), clock.clone()).start());
-    let bundles = bundle_store::BundleStoreHandle(
-        bundle_store::BundleStore::start(config, pool, conn, storage, tasks).await?,
-    );
-    let attachments = attachment_store::AttachmentStoreHandle(
-        attachment_store::AttachmentStore::new(
-            pool.clone(),
-            change_log.clone(),
-            &config.attachments_path,
-            storage.attachments.clone(),
-            tasks.clone(),
-        )?
-        .start(),
-    );
+    let bundles = bundle_store::BundleStore::start(config, pool, conn, storage, tasks).await?;
+    let attachments = attachment_store::AttachmentStore::start(
+        pool.clone(),
+        change_log.clone(),
+        &config.attachments_path,
+        storage.attachments.clone(),
+        tasks,
+    )?;
     let export_jobs =
         export_jobs::ExportJobs::start(config, pool, conn, reads, clock.clone(), tasks.clone())?;
     let scope_sets = scope_sets::ScopeSetsHandle(

@@ -8,7 +8,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use crate::actors::attachment_store::{self, BlobPaths, Staged, Store};
+use crate::actors::attachment_store::{self, BlobPaths, Staged, Staging, Store};
 use crate::db::attachments::{self, AttachmentRow};
 use crate::db::records;
 use crate::db::replicas::Target;
@@ -79,7 +79,7 @@ async fn read_multipart(
         let filename = field.content_disposition().and_then(|cd| cd.get_filename()).map(str::to_string);
         let content_type = field.content_type().map(|m| m.to_string());
         if name == "file" && named.is_none() {
-            let staged = attachment_store::stage(paths, &mut field, limit).await?;
+            let staged = stage(paths, &mut field, limit).await?;
             named = Some(MultipartUpload { staged, content_type, filename, attachment_id: None });
             continue;
         }
@@ -90,7 +90,7 @@ async fn read_multipart(
         if filename.is_some() && named.is_none() {
             unnamed_files += 1;
             if unnamed_files == 1 {
-                let staged = attachment_store::stage(paths, &mut field, limit).await?;
+                let staged = stage(paths, &mut field, limit).await?;
                 only = Some(MultipartUpload { staged, content_type, filename, attachment_id: None });
                 continue;
             }
@@ -100,7 +100,7 @@ async fn read_multipart(
         while let Some(chunk) = field.next().await {
             discarded += chunk.map_err(malformed)?.len() as u64;
             if discarded > limit {
-                return Err(attachment_store::too_large(limit));
+                return Err(too_large(limit));
             }
         }
     }
@@ -126,9 +126,31 @@ async fn read_text(field: &mut actix_multipart::Field) -> ApiResult<String> {
     String::from_utf8(text).map_err(|_| ApiError::bad_request("'attachment_id' must be UTF-8 text"))
 }
 
+/// Streams an upload's `body` into a new staged temp file; more than `limit` bytes is a 413, a
+/// body that breaks off a 400.
+async fn stage<E: std::fmt::Display>(
+    paths: &BlobPaths,
+    mut body: impl futures_util::Stream<Item = Result<web::Bytes, E>> + Unpin,
+    limit: u64,
+) -> ApiResult<Staged> {
+    let mut staging = Staging::new(paths).await?;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("Could not read the upload: {e}")))?;
+        if staging.size() + chunk.len() as u64 > limit {
+            return Err(too_large(limit));
+        }
+        staging.write(&chunk).await?;
+    }
+    Ok(staging.finish().await?)
+}
+
+fn too_large(limit: u64) -> ApiError {
+    ApiError::new(ErrorCode::PayloadTooLarge, format!("Attachment exceeds {limit} bytes"))
+}
+
 fn check_declared_length(req: &HttpRequest, limit: u64, overhead: u64) -> ApiResult<()> {
     match declared_length(req) {
-        Some(n) if n > limit.saturating_add(overhead) => Err(attachment_store::too_large(limit)),
+        Some(n) if n > limit.saturating_add(overhead) => Err(too_large(limit)),
         _ => Ok(()),
     }
 }
@@ -183,7 +205,7 @@ pub async fn upload_put(
         store(st, &req, caller.username, id, upload.staged, upload.content_type.as_deref()).await
     } else {
         check_declared_length(&req, limit, 0)?;
-        let staged = attachment_store::stage(&paths, payload, limit).await?;
+        let staged = stage(&paths, payload, limit).await?;
         let declared = header_str(&req, "content-type").map(str::to_string);
         store(st, &req, caller.username, id, staged, declared.as_deref()).await
     }
