@@ -11,6 +11,7 @@ use crate::config::{Config, ConfigError};
 use crate::domain::audit::{Action, Origin};
 use crate::domain::role::Role;
 use crate::startup::{with_migrated_database, Application};
+use crate::storage::ops::StorageCommand;
 
 /// `synkronus --version`: the release and the commit it was built from, as `GET /version` reports.
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SYNKRONUS_GIT_COMMIT"), ")");
@@ -36,7 +37,7 @@ pub enum Command {
     Stats(StatsCommand),
     /// File storage: copy to another STORAGE_URL, remove orphaned files (docs/storage.md).
     #[command(subcommand)]
-    Storage(crate::storage::ops::StorageCommand),
+    Storage(StorageCommand),
     /// Write a backup archive (safe while the server runs), or check one with --verify.
     Backup {
         #[arg(long, required_unless_present = "verify", conflicts_with = "verify")]
@@ -156,7 +157,10 @@ async fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Backup { output: Some(output), .. } => crate::backup::create::run(&config, &output).await,
         Command::Restore { input, force } => crate::backup::restore::run(&config, &input, force).await,
         Command::Import(ImportCommand::GoSynkronus(args)) => crate::import::run(&config, args).await,
-        Command::Storage(cmd) => crate::storage::ops::run(&config, cmd).await,
+        Command::Storage(StorageCommand::Copy { to }) => crate::storage::ops::copy(&config, &to).await,
+        Command::Storage(StorageCommand::Gc) => {
+            with_migrated_database(&config, async |pool| crate::storage::ops::gc(&config, pool).await).await
+        }
         Command::User(cmd) => {
             with_migrated_database(&config, async |pool| user_command(cmd, &config, pool).await).await
         }

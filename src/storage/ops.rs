@@ -1,4 +1,6 @@
-//! `synkronus storage copy --to URL` and `synkronus storage gc` (docs/storage.md).
+//! `synkronus storage copy --to URL` and `synkronus storage gc` (docs/storage.md). The command
+//! line (`src/cli.rs`) gives `gc` its database, so storage imports nothing above it (a test in
+//! tests/api/conventions.rs checks).
 
 use clap::Subcommand;
 use futures_util::{StreamExt, TryStreamExt};
@@ -19,38 +21,32 @@ pub enum StorageCommand {
     Gc,
 }
 
-pub async fn run(config: &Config, command: StorageCommand) -> anyhow::Result<()> {
-    match command {
-        StorageCommand::Copy { to } => {
-            let url = StorageUrl::parse(&to).map_err(|e| anyhow::anyhow!("--to: {e}"))?;
-            let from = Storage::open(&config.storage())?;
-            let target = Storage::open(&StorageConfig { url: Some(url.clone()), ..config.storage() })?;
-            target.check_at_start().await?;
-            let scratch = config.data_root.join(format!(".storage-copy-{}", uuid::Uuid::new_v4().simple()));
-            tokio::fs::create_dir_all(&scratch).await?;
-            let report = copy_all(&from, &target, &scratch).await;
-            let _ = tokio::fs::remove_dir_all(&scratch).await;
-            let report = report?;
-            println!(
-                "copied {} files ({} bytes) to {url}; {} were already there",
-                report.copied, report.bytes, report.skipped
-            );
-            Ok(())
-        }
-        StorageCommand::Gc => {
-            let storage = Storage::open(&config.storage())?;
-            let (attachments, bundles) = crate::startup::with_migrated_database(config, async |pool| {
-                let candidates = sweep::attachment_candidates(&storage.attachments, pool).await?;
-                let attachments =
-                    sweep::remove_attachment_orphans(&storage.attachments, pool, candidates).await?;
-                let bundles = sweep::sweep_bundles(&storage.bundles, pool).await?;
-                anyhow::Ok((attachments, bundles))
-            })
-            .await?;
-            println!("removed {attachments} attachment files and {bundles} bundle files without a row");
-            Ok(())
-        }
-    }
+/// `synkronus storage copy --to URL`.
+pub async fn copy(config: &Config, to: &str) -> anyhow::Result<()> {
+    let url = StorageUrl::parse(to).map_err(|e| anyhow::anyhow!("--to: {e}"))?;
+    let from = Storage::open(&config.storage())?;
+    let target = Storage::open(&StorageConfig { url: Some(url.clone()), ..config.storage() })?;
+    target.check_at_start().await?;
+    let scratch = config.data_root.join(format!(".storage-copy-{}", uuid::Uuid::new_v4().simple()));
+    tokio::fs::create_dir_all(&scratch).await?;
+    let report = copy_all(&from, &target, &scratch).await;
+    let _ = tokio::fs::remove_dir_all(&scratch).await;
+    let report = report?;
+    println!(
+        "copied {} files ({} bytes) to {url}; {} were already there",
+        report.copied, report.bytes, report.skipped
+    );
+    Ok(())
+}
+
+/// `synkronus storage gc`, on the migrated database the command line opened.
+pub async fn gc(config: &Config, pool: &deadpool_postgres::Pool) -> anyhow::Result<()> {
+    let storage = Storage::open(&config.storage())?;
+    let candidates = sweep::attachment_candidates(&storage.attachments, pool).await?;
+    let attachments = sweep::remove_attachment_orphans(&storage.attachments, pool, candidates).await?;
+    let bundles = sweep::sweep_bundles(&storage.bundles, pool).await?;
+    println!("removed {attachments} attachment files and {bundles} bundle files without a row");
+    Ok(())
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]

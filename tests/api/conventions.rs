@@ -704,3 +704,75 @@ fn handler_modules_do_not_import_each_other() {
         "handler modules importing each other (move the shared part to common.rs): {found:#?}"
     );
 }
+
+/// The layers a `synkronus-core` crate would hold (docs/architecture.md, "Crate boundary") use
+/// only what the layer table there allows: `domain` nothing of the server, `db` the domain and
+/// the metrics, `storage` its settings and `db`, and `monitoring` (a leaf the database calls
+/// report to) only the domain. None of them reaches `http`, `actors`, `startup` or any layer
+/// above, so they stay outside the application's import cycle and could become a crate of their
+/// own without a change; this test is what the compiler would check then.
+#[test]
+fn core_layers_import_nothing_above_them() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let layers: [(&str, &[&str]); 4] = [
+        ("domain", &["testing"]),
+        ("db", &["domain", "monitoring"]),
+        ("storage", &["config", "db"]),
+        ("monitoring", &["domain"]),
+    ];
+    let mut found = Vec::new();
+    let mut checked = 0;
+    for (layer, may_use) in layers {
+        let mut files = vec![src.join(format!("{layer}.rs"))];
+        let mut pending = vec![src.join(layer)];
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    pending.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    files.push(path);
+                }
+            }
+        }
+        for file in files.into_iter().filter(|f| f.is_file()) {
+            checked += 1;
+            let text = std::fs::read_to_string(&file).expect("source");
+            let code: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+            let code = code.join("\n");
+            // `crate::x::…`, `crate::x;` and each item of `crate::{x::…, y}`.
+            let mut used: Vec<String> = Vec::new();
+            for (at, _) in code.match_indices("crate::") {
+                let rest = &code[at + "crate::".len()..];
+                match rest.strip_prefix('{') {
+                    Some(list) => used.extend(
+                        list.split('}')
+                            .next()
+                            .unwrap_or("")
+                            .split(',')
+                            .map(|item| item.trim().split("::").next().unwrap_or("").to_string()),
+                    ),
+                    None => used.push(
+                        rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                            .next()
+                            .unwrap_or("")
+                            .to_string(),
+                    ),
+                }
+            }
+            for module in
+                used.iter().filter(|m| !m.is_empty() && *m != layer && !may_use.contains(&m.as_str()))
+            {
+                let shown = file.strip_prefix(&src).unwrap_or(&file).display().to_string();
+                found.push(format!("src/{shown} uses crate::{module}"));
+            }
+        }
+    }
+    assert!(checked >= 80, "only {checked} files of the core layers found");
+    found.sort();
+    found.dedup();
+    assert!(
+        found.is_empty(),
+        "core layers reaching above themselves (docs/architecture.md, \"Layers and errors\"): {found:#?}"
+    );
+}
