@@ -8,11 +8,13 @@ import * as bundles from './bundles.js';
 import * as observations from './observations.js';
 import * as exports from './exports.js';
 import * as audit from './audit.js';
+import * as scopes from './scopes.js';
 
 const ROUTES = [
   { path: 'overview', title: 'Overview', render: overview.render },
   { path: 'devices', title: 'Devices', render: devices.render, admin: true },
   { path: 'users', title: 'Users', render: users.render, admin: true },
+  { path: 'scopes', title: 'Scopes', render: scopes.render, detail: scopes.renderFor, admin: true },
   { path: 'bundles', title: 'App bundles', render: bundles.render, detail: bundles.renderFiles },
   { path: 'observations', title: 'Observations', render: observations.render, detail: observations.renderOne },
   { path: 'exports', title: 'Exports', render: exports.render },

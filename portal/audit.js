@@ -13,6 +13,7 @@ const ACTIONS = [
   ['user.role_change', 'Role changed'],
   ['user.password_reset', 'Password reset'],
   ['user.password_change', 'Password changed'],
+  ['user.attributes_change', 'Attributes changed'],
   ['bundle.push', 'Bundle pushed'],
   ['bundle.activate', 'Bundle activated'],
   ['bundle.rollback', 'Bundle rolled back'],
@@ -21,6 +22,8 @@ const ACTIONS = [
   ['formspec.change', 'Form spec changed'],
   ['export.start', 'Export started'],
   ['export.download', 'Export downloaded'],
+  ['scope.change', 'Scope set changed'],
+  ['scope.activate', 'Scope set in force'],
   ['server.start', 'Server started'],
 ];
 const WARN = new Set(['auth.sign_in_failed', 'auth.refresh_token_reused', 'repository.reset', 'user.delete']);
@@ -28,13 +31,22 @@ const WARN = new Set(['auth.sign_in_failed', 'auth.refresh_token_reused', 'repos
 /** A datetime-local value as RFC 3339 in UTC (the browser's time zone applied), or ''. */
 const toRfc3339 = (v) => (v ? new Date(v).toISOString() : '');
 
-/** Details as `key: value` pairs on one line; a nested object (the configuration of a server
- * start) is summarised, and the whole of it is the cell's tooltip. */
+const isObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
+const isStrings = (v) => Array.isArray(v) && v.every((x) => typeof x === 'string');
+
+/** Details as `key: value` pairs on one line; user attributes read as `name: a, b`, a list of
+ * scope rules and a nested object (the configuration of a server start) are summarised, and the
+ * whole of it is the cell's tooltip. */
 function details(d) {
   const entries = Object.entries(d || {});
   if (!entries.length) return '—';
   const text = entries.map(([k, v]) => {
-    if (v && typeof v === 'object' && !Array.isArray(v)) return `${k}: {${Object.keys(v).length} settings}`;
+    if (isObject(v) && Object.values(v).every(isStrings)) {
+      const pairs = Object.entries(v).map(([name, values]) => `${name}: ${values.join(', ')}`);
+      return `${k}: {${pairs.join('; ')}}`;
+    }
+    if (isObject(v)) return `${k}: {${Object.keys(v).length} settings}`;
+    if (Array.isArray(v) && v.some(isObject)) return `${k}: [${v.length} ${k === 'rules' && v.length === 1 ? 'rule' : k}]`;
     return `${k}: ${typeof v === 'string' ? v : JSON.stringify(v)}`;
   });
   return h('span', { class: 'details', title: JSON.stringify(d, null, 1) }, text.join(', '));

@@ -98,6 +98,16 @@ pub enum UserCommand {
         #[arg(long, env = "SYNKRONUS_NEW_PASSWORD", hide_env_values = true)]
         password: String,
     },
+    /// Replace a user's attributes, which scope rules compare record fields with (docs/api.md
+    /// §20.1): a JSON object of name → array of strings, `{}` for none. Audited; the user's next
+    /// sync follows, as after `PUT /users/{username}`.
+    SetAttributes {
+        #[arg(long)]
+        username: String,
+        /// For example '{"district": ["north", "east"]}'.
+        #[arg(long)]
+        attributes: String,
+    },
 }
 
 /// Runs the command line; returns the process's exit status: 0, 1 when the command failed, 2
@@ -245,6 +255,30 @@ async fn user_command(
             users::set_password(&mut db, user.id, &hash, &entry).await?;
             println!("password of '{username}' reset; their tokens are revoked");
         }
+        UserCommand::SetAttributes { username, attributes } => {
+            let attributes = parse_attributes(&attributes)?;
+            let change = users::UserUpdate {
+                role: None,
+                email: None,
+                password_hash: None,
+                attributes: Some(attributes),
+            };
+            let mut db = pool.get().await?;
+            let user = users::update(&mut db, &username, change, &origin)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no user named '{username}'"))?;
+            println!("attributes of '{username}' set to {}", user.attributes);
+        }
     }
     Ok(())
+}
+
+/// `--attributes` as `PUT /users/{username}` checks them, every problem on a line of its own.
+fn parse_attributes(raw: &str) -> anyhow::Result<crate::domain::scope::UserAttributes> {
+    let json: serde_json::Value =
+        serde_json::from_str(raw).map_err(|e| anyhow::anyhow!("--attributes is not valid JSON: {e}"))?;
+    crate::domain::scope::UserAttributes::parse(&json).map_err(|problems| {
+        let lines: Vec<String> = problems.iter().map(|p| format!("\n  {}: {}", p.path, p.message)).collect();
+        anyhow::anyhow!("--attributes has {} problem(s):{}", problems.len(), lines.concat())
+    })
 }

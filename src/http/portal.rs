@@ -38,6 +38,7 @@ static ASSETS: &[Asset] = &[
     asset!("exports.js", JS),
     asset!("observations.js", JS),
     asset!("overview.js", JS),
+    asset!("scopes.js", JS),
     asset!("ui.js", JS),
     asset!("users.js", JS),
 ];

@@ -121,6 +121,110 @@ async fn user_create_and_reset_password_work_on_the_database() {
     app.login("admin", "recovered-1").await;
 }
 
+/// docs/api.md §20.1: `user set-attributes` goes through the same change as `PUT /users/{username}`:
+/// validated, audited with the old and new values, and followed by the user's next sync.
+#[actix_web::test]
+async fn user_set_attributes_changes_what_the_user_receives_and_is_audited() {
+    use crate::scopes::{push, record, set_rules, Device};
+
+    let app = TestApp::spawn().await;
+    let db: &str = &app.db_conn;
+    let env = [("DB_CONNECTION", db), ("JWT_SECRET", JWT_SECRET)];
+    let admin = app.admin_token().await;
+    let worker = app.user_token(&admin, "cli-worker", "read-write").await;
+    push(
+        &app,
+        &admin,
+        "admin-device",
+        vec![
+            record("h-north", "household", json!({"district": "north"})),
+            record("h-east", "household", json!({"district": "east"})),
+        ],
+    )
+    .await;
+    set_rules(
+        &app,
+        &admin,
+        json!([{"name": "districts", "applies_to": {"roles": ["read-write"]}, "form_types": ["household"],
+                "where": {"field": "district", "in_attribute": "district"}}]),
+    )
+    .await;
+    let mut phone = Device::new("phone");
+    phone.sync(&app, &worker, 10).await;
+    assert!(phone.ids().is_empty(), "{:?}", phone.ids());
+
+    let r = run(
+        &[
+            "user",
+            "set-attributes",
+            "--username",
+            "cli-worker",
+            "--attributes",
+            r#"{"district": ["north", "north"]}"#,
+        ],
+        &env,
+    )
+    .await;
+    assert_ok(&r);
+    assert!(r.stdout.contains(r#"{"district":["north"]}"#), "{}", r.stdout);
+    let (_, user) = app.call(Method::GET, "/users/cli-worker", Some(&admin), None).await;
+    assert_eq!(user["attributes"], json!({"district": ["north"]}));
+    // The household already below the phone's cursor arrives on its next sync.
+    phone.sync(&app, &worker, 10).await;
+    assert_eq!(phone.ids(), ["h-north"]);
+
+    let r = run(
+        &["user", "set-attributes", "--username", "cli-worker", "--attributes", r#"{"district": ["east"]}"#],
+        &env,
+    )
+    .await;
+    assert_ok(&r);
+    phone.sync(&app, &worker, 10).await;
+    assert_eq!(phone.ids(), ["h-east"]);
+
+    let (_, audit) =
+        app.call(Method::GET, "/admin/audit?action=user.attributes_change", Some(&admin), None).await;
+    let entries = audit["items"].as_array().expect("items");
+    assert_eq!(entries.len(), 2, "{audit}");
+    assert_eq!(entries[0]["target"], "cli-worker");
+    assert_eq!(entries[0]["actor"], serde_json::Value::Null);
+    assert_eq!(entries[0]["details"], json!({"from": {"district": ["north"]}, "to": {"district": ["east"]}}));
+
+    // Bad input changes nothing, and says why: each problem on its own line, naming the attribute.
+    for (attributes, mentions) in [
+        ("{district: north}", "not valid JSON"),
+        (r#"["north"]"#, "/attributes: attributes must be an object"),
+        (r#"{"bad name": ["x"], "team": [7]}"#, "2 problem(s)"),
+    ] {
+        let r =
+            run(&["user", "set-attributes", "--username", "cli-worker", "--attributes", attributes], &env)
+                .await;
+        assert_failed(&r, mentions);
+    }
+    let r = run(
+        &[
+            "user",
+            "set-attributes",
+            "--username",
+            "cli-worker",
+            "--attributes",
+            r#"{"bad name": ["x"], "team": [7]}"#,
+        ],
+        &env,
+    )
+    .await;
+    assert_failed(&r, "\n  /attributes/bad name: attribute name 'bad name'");
+    assert!(
+        r.stderr.contains("\n  /attributes/team/0: attribute 'team': each value must be a string"),
+        "{}",
+        r.stderr
+    );
+    let r = run(&["user", "set-attributes", "--username", "nobody", "--attributes", "{}"], &env).await;
+    assert_failed(&r, "no user named 'nobody'");
+    let (_, user) = app.call(Method::GET, "/users/cli-worker", Some(&admin), None).await;
+    assert_eq!(user["attributes"], json!({"district": ["east"]}));
+}
+
 #[actix_web::test]
 async fn migrate_and_user_create_on_a_fresh_database() {
     let db = fresh_database().await;
