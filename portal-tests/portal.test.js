@@ -883,6 +883,14 @@ test('scopes: a set with a problem shown next to its field, then fixed, prepared
     assert.deepEqual((await api('GET', 'admin/scopes')).data.rules[0].where, { field: 'district', in_attribute: 'district' });
     await shot(page, 'scopes');
 
+    // The worker's overview says why it shows no repository-wide counts, instead of an error.
+    const worker = await newPage();
+    await signIn(worker, 'worker-north', 'worker-north-pass');
+    await worker.locator('#scoped-counts').waitFor();
+    assert.match(await worker.locator('#observation-count').textContent(), /admins only while a scope set is in force/);
+    assert.equal(await worker.locator('#main .error').count(), 0);
+    await worker.context().close();
+
     // The rules, the editor and the users' attributes fit a phone's width.
     const phone = await newPage({ width: 375, height: 812 });
     await signIn(phone);

@@ -16,6 +16,9 @@ function changeRate(head) {
   return { perMinute: ((head - first.head) * 60) / seconds, seconds };
 }
 
+/** A count, or (null: hidden from non-admins under a scope set) who may see it. */
+const countOrNote = (n) => (n === null ? ['—', h('small', {}, 'admins only while a scope set is in force')] : fmtNum(n));
+
 const stat = (label, value, id) => h('div', { class: 'stat' }, h('dt', {}, label), h('dd', { id }, value));
 
 export async function render(main) {
@@ -32,7 +35,10 @@ export async function render(main) {
       api.get('stats/observations'),
       api.isAdmin() ? api.get('devices') : Promise.resolve(null),
     ]);
-    const failed = [version, status, obs, devs].find((r) => r.status === 'rejected');
+    // While a scope set is in force, counts over the whole repository are for admins (docs/api.md
+    // §20.4): for everybody else that is a fact to state, not an error.
+    const scoped = !api.isAdmin() && obs.status === 'rejected' && obs.reason.status === 403;
+    const failed = [version, status, scoped ? null : obs, devs].find((r) => r && r.status === 'rejected');
     slot.replaceChildren(failed ? errorBox(failed.reason) : '');
 
     if (status.status === 'fulfilled' && version.status === 'fulfilled') {
@@ -43,8 +49,8 @@ export async function render(main) {
         stat('Server version', v.version, 'server-version'),
         stat('Database', v.database ? v.database.version : '—'),
         stat('Active app bundle', st.active_bundle_version || 'none', 'active-bundle'),
-        stat('Observations', fmtNum(st.observation_count), 'observation-count'),
-        stat('Attachments', fmtNum(st.attachment_count), 'attachment-count'),
+        stat('Observations', countOrNote(st.observation_count), 'observation-count'),
+        stat('Attachments', countOrNote(st.attachment_count), 'attachment-count'),
         stat('Change head', fmtNum(st.current_change_id)),
         stat(
           'Change rate',
@@ -56,6 +62,10 @@ export async function render(main) {
       );
     }
 
+    if (scoped) {
+      charts.replaceChildren(h('p', { class: 'empty', id: 'scoped-counts' },
+        'Counts over the whole repository are for admins while a scope set is in force: your devices receive the records it gives you.'));
+    }
     if (obs.status === 'fulfilled') {
       const o = obs.value;
       const points = o.timeline.buckets.map((b) => ({ label: b.label, count: b.count }));
