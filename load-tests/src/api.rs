@@ -140,10 +140,60 @@ pub struct PulledRecord {
     pub version: i64,
 }
 
+/// A record as a scoped device reads it: enough to tell whose district it belongs to.
 #[derive(Debug, Deserialize)]
-pub struct PullPage {
+pub struct ScopedRecord {
+    pub observation_id: String,
+    pub version: i64,
+    #[serde(default)]
+    pub form_type: String,
+    #[serde(default)]
+    pub deleted: bool,
+    /// `{}` in a tombstone; only the `district` field is read.
+    #[serde(default)]
+    pub data: Option<DistrictField>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DistrictField {
+    #[serde(default)]
+    pub district: Option<String>,
+}
+
+impl ScopedRecord {
+    pub fn district(&self) -> Option<&str> {
+        self.data.as_ref().and_then(|d| d.district.as_deref())
+    }
+}
+
+/// What the page checks (P2, P4) read of any record shape.
+pub trait PagedRecord {
+    fn id(&self) -> &str;
+    fn version(&self) -> i64;
+}
+
+impl PagedRecord for PulledRecord {
+    fn id(&self) -> &str {
+        &self.observation_id
+    }
+    fn version(&self) -> i64 {
+        self.version
+    }
+}
+
+impl PagedRecord for ScopedRecord {
+    fn id(&self) -> &str {
+        &self.observation_id
+    }
+    fn version(&self) -> i64 {
+        self.version
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PullPage<R = PulledRecord> {
     pub current_version: i64,
-    pub records: Vec<PulledRecord>,
+    pub records: Vec<R>,
     pub change_cutoff: i64,
     pub has_more: bool,
 }
@@ -671,6 +721,43 @@ impl Api {
     pub async fn export(&self, format: &str, timeout: Duration) -> Result<Streamed, Fail> {
         let url = format!("{}?format={format}", self.base.join("/data/export"));
         self.exec_stream("export", |c, _| c.get(&url).timeout(timeout)).await
+    }
+
+    /// `PUT /users/{username}` (admin) with `{"attributes": attributes}` (§20.1).
+    pub async fn set_attributes(&self, username: &str, attributes: &Value) -> Result<(), Fail> {
+        let url = self.base.join(&format!("/users/{}", encode_segment(username)));
+        let body = json!({ "attributes": attributes });
+        self.exec("setup_user", true, |c, _| c.put(&url).json(&body)).await.map(|_| ())
+    }
+
+    /// `PUT /admin/scopes` (§20.2): the new version, being prepared.
+    pub async fn put_scopes(&self, rules: &Value) -> Result<i64, Fail> {
+        let url = self.base.join("/admin/scopes");
+        let body = json!({ "rules": rules });
+        let resp = self.exec("scopes_put", true, |c, _| c.put(&url).json(&body)).await?;
+        let v: Value = self.decode("scopes_put", &resp.body)?;
+        v["version"].as_i64().ok_or_else(|| Fail::Decode("PUT /admin/scopes answered no version".into()))
+    }
+
+    /// `DELETE /admin/scopes`: back to no set (prepared like any other version).
+    pub async fn delete_scopes(&self) -> Result<(), Fail> {
+        let url = self.base.join("/admin/scopes");
+        self.exec("scopes_delete", true, |c, _| c.delete(&url)).await.map(|_| ())
+    }
+
+    /// `GET /admin/scopes/status`.
+    pub async fn scope_status(&self) -> Result<Value, Fail> {
+        let url = self.base.join("/admin/scopes/status");
+        let resp = self.exec("scopes_status", true, |c, _| c.get(&url)).await?;
+        self.decode("scopes_status", &resp.body)
+    }
+
+    /// `GET /admin/scopes/preview?user=U`: the live records U receives under the set in force.
+    pub async fn scope_preview_total(&self, username: &str) -> Result<Option<u64>, Fail> {
+        let url = format!("{}?user={}", self.base.join("/admin/scopes/preview"), encode_segment(username));
+        let resp = self.exec("scopes_preview", true, |c, _| c.get(&url)).await?;
+        let v: Value = self.decode("scopes_preview", &resp.body)?;
+        Ok(v["active"]["total"].as_u64())
     }
 
     /// `GET /status` (observation count, head).

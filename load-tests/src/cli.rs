@@ -76,6 +76,9 @@ pub enum Cmd {
     Scale(ScaleArgs),
     /// Realistic devices on a timer, added in steps until a p99 or an error limit is passed.
     Capacity(CapacityArgs),
+    /// What a scope set costs: a 1 % user's initial sync and empty pull against unscoped ones,
+    /// push rate with the set in force, and preparing it over a large repository under pushes.
+    ScopeCost(ScopeCostArgs),
 }
 
 impl Cmd {
@@ -92,6 +95,7 @@ impl Cmd {
             Cmd::Stats(_) => "stats",
             Cmd::Scale(_) => "scale",
             Cmd::Capacity(_) => "capacity",
+            Cmd::ScopeCost(_) => "scope-cost",
         }
     }
 
@@ -109,6 +113,7 @@ impl Cmd {
             Cmd::Stats(a) => serde_json::to_value(a),
             Cmd::Scale(a) => serde_json::to_value(a),
             Cmd::Capacity(a) => serde_json::to_value(a),
+            Cmd::ScopeCost(a) => serde_json::to_value(a),
         };
         v.unwrap_or(serde_json::Value::Null)
     }
@@ -129,6 +134,7 @@ impl Cmd {
             // Devices spend almost all their time asleep: the pool only needs the requests in
             // flight at once (more are opened on demand, and closed when idle).
             Cmd::Capacity(_) => 256,
+            Cmd::ScopeCost(a) => a.push_devices.max(a.seeding.seed_concurrency),
         };
         n as usize
     }
@@ -488,6 +494,29 @@ pub struct CapacityArgs {
     /// device receives its team's records (a whole fleet pulling everything grows as N²).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub team_size: u64,
+    /// Devices send no `schema_types`: every device receives every record (as Formulus does),
+    /// so the pull volume grows as N².
+    #[arg(long, conflicts_with = "scoped")]
+    pub pull_all: bool,
+    /// District-scoped devices: a scope set gives each district's user the district's
+    /// households and visits and a shared form type; devices send no `schema_types`, sync from
+    /// cursor 0 and check that they receive their district's records and nothing of another
+    /// district's. Replaces any scope set on the server.
+    #[arg(long)]
+    pub scoped: bool,
+    /// With --scoped: fewest devices in a district.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub district_min: u64,
+    /// With --scoped: most devices in a district (sizes are drawn uniformly).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub district_max: u64,
+    /// With --scoped: records of the shared form type the admin pushes first (every device must
+    /// receive them all).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub shared_records: u64,
+    /// With --scoped: how long to wait for the scope set to be prepared.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub scope_timeout_secs: u64,
     /// Users the devices are spread over (created by the admin of --username); each user logs
     /// in once and its token is shared by its devices.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1_000))]
@@ -505,4 +534,46 @@ pub struct CapacityArgs {
     /// backends).
     #[arg(long)]
     pub pg_pid: Option<u32>,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct ScopeCostArgs {
+    /// Size of the large repository the scoped figures are measured at (records it already
+    /// holds count; the rest are seeded).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub records: u64,
+    /// Size of the unscoped repository whose initial sync is the yardstick (measured on the
+    /// way up, before the rest is seeded).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub baseline_records: u64,
+    /// Districts the seeded households spread over; the scoped user sees one of them.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub districts: u64,
+    /// Rules of the scope set put in force (the district rule, a shared type, then others).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=100))]
+    pub rules: u64,
+    /// Timed initial syncs of each kind (the median is the figure).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub sync_runs: u64,
+    /// Sequential empty incremental pulls of each kind.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub probe_requests: u64,
+    /// Devices of each push storm.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub push_devices: u64,
+    /// Records per push of the storms.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub push_batch: u64,
+    /// Seconds of each measured push storm.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub push_secs: u64,
+    /// Seconds of the unmeasured storm before each measured one (0: none).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub push_warmup_secs: u64,
+    /// Longest wait for a scope set to be prepared.
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub prepare_timeout_secs: u64,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub seeding: Seeding,
 }

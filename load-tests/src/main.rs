@@ -119,5 +119,6 @@ async fn dispatch(ctx: Arc<Ctx>, cmd: Cmd) -> Result<()> {
         Cmd::Stats(a) => scenarios::stats_latency::run(ctx, a).await,
         Cmd::Scale(a) => scenarios::scale::run(ctx, a).await,
         Cmd::Capacity(a) => scenarios::capacity::run(ctx, a).await,
+        Cmd::ScopeCost(a) => scenarios::scope_cost::run(ctx, a).await,
     }
 }

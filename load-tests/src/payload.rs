@@ -100,11 +100,27 @@ pub struct RecordPool {
 
 impl RecordPool {
     pub fn new(form_type: &str, data_bytes: usize, variants: usize, rng: &mut impl Rng) -> RecordPool {
+        RecordPool::with_fields(form_type, data_bytes, variants, &[], rng)
+    }
+
+    /// A pool whose records' `data` also holds `fields` (a `district` that scope rules match).
+    pub fn with_fields(
+        form_type: &str,
+        data_bytes: usize,
+        variants: usize,
+        fields: &[(String, Value)],
+        rng: &mut impl Rng,
+    ) -> RecordPool {
         let tails = (0..variants.max(1))
             .map(|_| {
                 let mut r = record("", form_type, data_bytes, rng);
                 if let Value::Object(m) = &mut r {
                     m.remove("observation_id");
+                    if let Some(Value::Object(data)) = m.get_mut("data") {
+                        for (k, v) in fields {
+                            data.insert(k.clone(), v.clone());
+                        }
+                    }
                 }
                 let s = r.to_string();
                 s[1..].to_string()
@@ -216,6 +232,17 @@ mod tests {
         let empty = pool.push_body("t", "c", &[], &mut rng);
         let v: Value = serde_json::from_slice(&empty).unwrap();
         assert_eq!(v["records"].as_array().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn pool_fields_land_in_data() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let fields = vec![("district".to_string(), Value::from("d007"))];
+        let pool = RecordPool::with_fields("household", 300, 2, &fields, &mut rng);
+        let body = pool.push_body("t", "c", &["obs_1".to_string()], &mut rng);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["records"][0]["data"]["district"], "d007");
+        assert!(v["records"][0]["data"]["members"].is_i64());
     }
 
     #[test]

@@ -7,8 +7,10 @@
 //! 20,000 devices need about as many sockets as requests in flight, not 20,000.
 
 mod device;
+mod district;
 
 use super::fleet::ensure_bundle;
+use super::scope::{self, district_name, ScopedTypes};
 use super::{rate, Ctx};
 use crate::api::{Api, ManifestAnswer};
 use crate::cli::CapacityArgs;
@@ -16,11 +18,13 @@ use crate::payload::RecordPool;
 use crate::stats::KindSummary;
 use crate::sysmon::{self, Usage, Watched};
 use anyhow::{bail, Result};
-use device::{Device, Shared};
+use device::{Device, Mode, Shared};
+use district::{District, Names, Planner};
+use futures_util::StreamExt;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The request kinds a device sends, in the order the step tables show them.
@@ -48,7 +52,11 @@ pub async fn run(ctx: Arc<Ctx>, a: CapacityArgs) -> Result<()> {
     if a.batch_min > a.batch_max {
         bail!("--batch-min ({}) is above --batch-max ({})", a.batch_min, a.batch_max);
     }
-    let users = login_users(&ctx, a.users).await?;
+    if a.district_min > a.district_max {
+        bail!("--district-min ({}) is above --district-max ({})", a.district_min, a.district_max);
+    }
+    let users = if a.scoped { Vec::new() } else { login_users(&ctx, a.users).await? };
+    let names = if a.scoped { Some(scoped_setup(&ctx, &a).await?) } else { None };
     ensure_bundle(&ctx).await?;
     let etag = match ctx.api.manifest("setup_manifest", None).await {
         Ok(ManifestAnswer::Fresh { etag, .. }) => etag,
@@ -62,25 +70,62 @@ pub async fn run(ctx: Arc<Ctx>, a: CapacityArgs) -> Result<()> {
     let photos = (0..a.photo_variants)
         .map(|_| bytes::Bytes::from(crate::payload::random_bytes(a.photo_bytes as usize, &mut rng)))
         .collect();
-    let shared =
-        Arc::new(Shared { ctx: ctx.clone(), args: a.clone(), stop: stop.clone(), etag, head, photos });
+    let shared = Arc::new(Shared {
+        ctx: ctx.clone(),
+        args: a.clone(),
+        stop: stop.clone(),
+        etag,
+        head,
+        photos,
+        names: names.clone(),
+    });
     let watched = Watched { server: a.server_pid, postgres: a.pg_pid };
-    ctx.note(format!(
-        "{} users (role read-write), each logged in once; device d uses user d mod {}",
-        a.users, a.users
-    ));
-    ctx.note(format!(
-        "teams of {} devices share a form type; each device pulls only its team's type",
-        a.team_size
-    ));
+    if a.scoped {
+        ctx.note(format!(
+            "districts of {}..{} devices (sizes drawn uniformly); each district's devices share one \
+             read-write user whose attribute `district` names it, logged in once",
+            a.district_min, a.district_max
+        ));
+        ctx.note(
+            "scope set: the district's households and visits (`where district in_attribute district`) \
+             and a shared form type for everyone; devices send no schema_types and sync from cursor 0",
+        );
+    } else {
+        ctx.note(format!(
+            "{} users (role read-write), each logged in once; device d uses user d mod {}",
+            a.users, a.users
+        ));
+        ctx.note(if a.pull_all {
+            format!("teams of {} devices share a form type; every device pulls every record", a.team_size)
+        } else {
+            format!(
+                "teams of {} devices share a form type; each device pulls only its team's type",
+                a.team_size
+            )
+        });
+    }
 
     let mut set = tokio::task::JoinSet::new();
     let mut spawned = 0u64;
     let mut pool: Option<Arc<RecordPool>> = None;
+    let mut planner = Planner::new(a.district_min, a.district_max);
+    let mut districts: Vec<Arc<District>> = Vec::new();
     let mut steps: Vec<Step> = Vec::new();
     let mut target = a.start_devices.min(a.max_devices);
     loop {
         let mut rng = ctx.rng();
+        if let Some(names) = &names {
+            let placed: Vec<u64> = (spawned..target).map(|_| planner.place(&mut rng)).collect();
+            open_districts(&ctx, &a, names, &mut districts, planner.districts()).await?;
+            for d in placed {
+                let district = districts[d as usize].clone();
+                let dev = Device { id: spawned, api: district.api.clone(), mode: Mode::District(district) };
+                set.spawn(dev.run(shared.clone()));
+                spawned += 1;
+            }
+            ctx.result("districts", planner.districts());
+            ctx.result("district_mean_devices", (planner.mean_size() * 10.0).round() / 10.0);
+        }
         while spawned < target {
             let team = spawned / a.team_size;
             let team_type = format!("cap_{}_team{team}", ctx.run);
@@ -89,8 +134,12 @@ pub async fn run(ctx: Arc<Ctx>, a: CapacityArgs) -> Result<()> {
                     Some(Arc::new(RecordPool::new(&team_type, a.shape.payload_bytes as usize, 4, &mut rng)));
             }
             let Some(pool) = pool.clone() else { break };
-            let dev =
-                Device { id: spawned, api: users[(spawned % a.users) as usize].clone(), team_type, pool };
+            let types = if a.pull_all { Vec::new() } else { vec![team_type] };
+            let dev = Device {
+                id: spawned,
+                api: users[(spawned % a.users) as usize].clone(),
+                mode: Mode::Team { pool, types },
+            };
             set.spawn(dev.run(shared.clone()));
             spawned += 1;
         }
@@ -108,6 +157,71 @@ pub async fn run(ctx: Arc<Ctx>, a: CapacityArgs) -> Result<()> {
     set.abort_all();
     while set.join_next().await.is_some() {}
     Ok(())
+}
+
+/// Puts the district scope set in force (replacing any set on the server) and pushes the shared
+/// records as the admin, before any device starts.
+async fn scoped_setup(ctx: &Arc<Ctx>, a: &CapacityArgs) -> Result<Names> {
+    let types = ScopedTypes::new(&format!("cap_{}", ctx.run));
+    let (version, secs) =
+        scope::put_in_force(ctx, &types.district_rules(), Duration::from_secs(a.scope_timeout_secs)).await?;
+    ctx.result("scope_version", version);
+    ctx.result("scope_prepare_secs", secs);
+    let names = Names::new(&ctx.run, types, a.shared_records);
+    if a.shared_records > 0 {
+        let mut rng = ctx.rng();
+        let pool = RecordPool::new(&names.types.shared, a.shape.payload_bytes as usize, 4, &mut rng);
+        let ids: Vec<String> = (0..a.shared_records).map(|i| names.shared_record(i)).collect();
+        let tx = uuid::Uuid::new_v4().to_string();
+        let body = bytes::Bytes::from(pool.push_body(&tx, &format!("cap-{}-admin", ctx.run), &ids, &mut rng));
+        if let Err(f) = ctx.api.push_raw("setup_shared", body).await {
+            bail!("pushing the shared records failed: {f}");
+        }
+    }
+    Ok(names)
+}
+
+/// Opens districts up to `count`: for each a read-write user with its `district` attribute,
+/// logged in once, and its record pools; a few at a time (each user costs a password hash to
+/// create and one to log in).
+async fn open_districts(
+    ctx: &Arc<Ctx>,
+    a: &CapacityArgs,
+    names: &Names,
+    districts: &mut Vec<Arc<District>>,
+    count: u64,
+) -> Result<()> {
+    let from = districts.len() as u64;
+    let opened: Vec<Result<District>> = futures_util::stream::iter(from..count)
+        .map(|i| open_district(ctx, a, names, i))
+        .buffered(8)
+        .collect()
+        .await;
+    for d in opened {
+        districts.push(Arc::new(d?));
+    }
+    Ok(())
+}
+
+async fn open_district(ctx: &Arc<Ctx>, a: &CapacityArgs, names: &Names, i: u64) -> Result<District> {
+    let name = district_name(i);
+    let user = format!("cap-{}-{name}", ctx.run);
+    let password = format!("pw-{}-{i}", ctx.run);
+    if let Err(f) = ctx.api.create_user(&user, &password, "read-write").await {
+        bail!("creating user {user} failed (--username must be an admin): {f}");
+    }
+    if let Err(f) = ctx.api.set_attributes(&user, &serde_json::json!({ "district": [name] })).await {
+        bail!("setting the district of {user} failed: {f}");
+    }
+    let api = ctx.api.as_user(&user, &password);
+    api.login().await?;
+    let mut rng = ctx.rng();
+    let fields = vec![("district".to_string(), serde_json::Value::from(name.clone()))];
+    let pool = |form_type: &str, rng: &mut rand::rngs::StdRng| {
+        Arc::new(RecordPool::with_fields(form_type, a.shape.payload_bytes as usize, 2, &fields, rng))
+    };
+    let pools = [pool(&names.types.household, &mut rng), pool(&names.types.visit, &mut rng)];
+    Ok(District { name, api: Arc::new(api), pools, ledger: Mutex::new(Default::default()) })
 }
 
 /// Creates `n` read-write users through the admin and logs each in once.

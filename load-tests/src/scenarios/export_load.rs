@@ -36,6 +36,8 @@ pub async fn run(ctx: Arc<Ctx>, a: ExportArgs) -> Result<()> {
         form_type,
         device_offset: 0,
         keep_heads: false,
+        pusher: None,
+        districts: 0,
     };
 
     // Phase 1: baseline.

@@ -10,10 +10,12 @@ pub mod fleet;
 pub mod initial_sync;
 pub mod push_storm;
 pub mod scale;
+pub mod scope;
+pub mod scope_cost;
 pub mod seed;
 pub mod stats_latency;
 
-use crate::api::{Api, Fail, PullPage, PushResult, ScannedPage};
+use crate::api::{Api, Fail, PagedRecord, PullPage, PushResult, ScannedPage};
 use crate::cli::Common;
 use crate::payload;
 use crate::progress::Progress;
@@ -273,6 +275,34 @@ impl PullLoop {
         })
     }
 
+    /// One page decoded into records of shape `R` (a scoped device reads each record's form
+    /// type, deletion and district), with the same checks; the records and whether the loop is
+    /// done.
+    pub async fn page_of<R>(
+        &mut self,
+        api: &Api,
+        kind: &str,
+        client_id: &str,
+        limit: u32,
+        types: &[String],
+    ) -> Result<(Vec<R>, bool), Fail>
+    where
+        R: serde::de::DeserializeOwned + PagedRecord,
+    {
+        let after = self.cursor;
+        let body = api.pull_body(kind, client_id, after, limit, types, false).await?;
+        let page: PullPage<R> = api.decode(kind, &body.json)?;
+        check_records(&api.stats, after, &page);
+        let scanned = ScannedPage {
+            current_version: page.current_version,
+            change_cutoff: page.change_cutoff,
+            has_more: page.has_more,
+            records: page.records.len() as u64,
+        };
+        let done = self.advance(&api.stats, after, &scanned);
+        Ok((page.records, done))
+    }
+
     /// The checks every page gets (P3, P4) and the next cursor (§8.2 rule 5); true when done.
     fn advance(&mut self, stats: &Stats, after: i64, page: &ScannedPage) -> bool {
         if page.change_cutoff > page.current_version {
@@ -306,31 +336,28 @@ impl PullLoop {
 
 /// P2 and P4 on a decoded page: versions strictly increase from the cursor, none above the head,
 /// and the cutoff is the last record's version.
-fn check_records(stats: &Stats, after: i64, page: &PullPage) {
+fn check_records<R: PagedRecord>(stats: &Stats, after: i64, page: &PullPage<R>) {
     let mut prev = after;
     for r in &page.records {
-        if r.version <= prev {
+        if r.version() <= prev {
             stats.violation(
                 "change_id_not_increasing",
-                format!("{} has version {} after {prev} (cursor {after})", r.observation_id, r.version),
+                format!("{} has version {} after {prev} (cursor {after})", r.id(), r.version()),
             );
         }
-        if r.version > page.current_version {
+        if r.version() > page.current_version {
             stats.violation(
                 "record_above_head",
-                format!(
-                    "{} version {} > current_version {}",
-                    r.observation_id, r.version, page.current_version
-                ),
+                format!("{} version {} > current_version {}", r.id(), r.version(), page.current_version),
             );
         }
-        prev = prev.max(r.version);
+        prev = prev.max(r.version());
     }
     if let Some(last) = page.records.last() {
-        if page.change_cutoff != last.version {
+        if page.change_cutoff != last.version() {
             stats.violation(
                 "cutoff_not_last_record",
-                format!("change_cutoff {} but last record version {}", page.change_cutoff, last.version),
+                format!("change_cutoff {} but last record version {}", page.change_cutoff, last.version()),
             );
         }
     }
@@ -340,6 +367,20 @@ fn check_records(stats: &Stats, after: i64, page: &PullPage) {
 pub struct SeedOutcome {
     pub records: u64,
     pub secs: f64,
+}
+
+/// What one kind of seeded record looks like: its form type and fields its `data` always holds
+/// (a `district`, say, that scope rules match on).
+#[derive(Debug, Clone)]
+pub struct SeedKind {
+    pub form_type: String,
+    pub fields: Vec<(String, Value)>,
+}
+
+impl SeedKind {
+    pub fn plain(form_type: &str) -> SeedKind {
+        SeedKind { form_type: form_type.to_string(), fields: Vec::new() }
+    }
 }
 
 /// Pushes `total` fresh records in batches of `batch` from `concurrency` workers, batch `b`
@@ -354,6 +395,20 @@ pub async fn seed_records(
     payload_bytes: u64,
     form_types: &[String],
 ) -> SeedOutcome {
+    let kinds: Vec<SeedKind> = form_types.iter().map(|t| SeedKind::plain(t)).collect();
+    seed_kinds(ctx, kind, total, batch, concurrency, payload_bytes, &kinds).await
+}
+
+/// [`seed_records`] with batch `b` of kind `b % kinds.len()`.
+pub async fn seed_kinds(
+    ctx: &Arc<Ctx>,
+    kind: &str,
+    total: u64,
+    batch: u64,
+    concurrency: u64,
+    payload_bytes: u64,
+    kinds: &[SeedKind],
+) -> SeedOutcome {
     let batches = total.div_ceil(batch);
     let first_id = ctx.seed_ids(total);
     let next = Arc::new(AtomicU64::new(0));
@@ -363,12 +418,22 @@ pub async fn seed_records(
     let mut set = tokio::task::JoinSet::new();
     for w in 0..concurrency {
         let (ctx, next, done) = (ctx.clone(), next.clone(), done.clone());
-        let (kind, form_types) = (kind.to_string(), form_types.to_vec());
+        let (kind, kinds) = (kind.to_string(), kinds.to_vec());
         set.spawn(async move {
             let mut rng = ctx.rng();
-            let pools: Vec<payload::RecordPool> = form_types
+            // Many kinds (100 districts) need fewer variants each to stay small.
+            let variants = (1600 / kinds.len().max(1)).clamp(2, 16);
+            let pools: Vec<payload::RecordPool> = kinds
                 .iter()
-                .map(|t| payload::RecordPool::new(t, payload_bytes as usize, 16, &mut rng))
+                .map(|k| {
+                    payload::RecordPool::with_fields(
+                        &k.form_type,
+                        payload_bytes as usize,
+                        variants,
+                        &k.fields,
+                        &mut rng,
+                    )
+                })
                 .collect();
             let client_id = format!("load-{}-seed{w}", ctx.run);
             let mut last_head = 0i64;

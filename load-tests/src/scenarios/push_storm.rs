@@ -2,7 +2,9 @@
 //! that every acknowledged record is pullable at a change_id no higher than the head its push
 //! reported.
 
+use super::scope::district_name;
 use super::{backoff, check_push, rate, Bounds, Ctx, PullLoop};
+use crate::api::Api;
 use crate::cli::PushStormArgs;
 use crate::payload;
 use crate::payload::RecordPool;
@@ -29,6 +31,11 @@ pub struct StormSpec {
     /// Device-id offset so several storms in one run use distinct observation ids.
     pub device_offset: u64,
     pub keep_heads: bool,
+    /// Who pushes (the run's login when `None`).
+    pub pusher: Option<Arc<Api>>,
+    /// When above 0, device d's records carry `data.district` = district d mod `districts`
+    /// (the field scope rules match).
+    pub districts: u64,
 }
 
 /// Runs devices that push until `bounds` says stop.
@@ -41,9 +48,14 @@ pub async fn storm(ctx: &Arc<Ctx>, spec: &StormSpec, bounds: Arc<Bounds>) -> Sto
         let form_type = spec.form_type.clone();
         let (batch, payload_bytes, keep) = (spec.batch, spec.payload_bytes as usize, spec.keep_heads);
         let device = d + spec.device_offset;
+        let api = spec.pusher.clone().unwrap_or_else(|| ctx.api.clone());
+        let fields = match spec.districts {
+            0 => Vec::new(),
+            n => vec![("district".to_string(), serde_json::Value::from(district_name(device % n)))],
+        };
         set.spawn(async move {
             let mut rng = ctx.rng();
-            let pool = RecordPool::new(&form_type, payload_bytes, 16, &mut rng);
+            let pool = RecordPool::with_fields(&form_type, payload_bytes, 16, &fields, &mut rng);
             let client_id = format!("load-{}-dev{device}", ctx.run);
             let mut last_head = 0i64;
             let mut heads = Vec::new();
@@ -56,7 +68,7 @@ pub async fn storm(ctx: &Arc<Ctx>, spec: &StormSpec, bounds: Arc<Bounds>) -> Sto
                 let tx = uuid::Uuid::new_v4().to_string();
                 let body = Bytes::from(pool.push_body(&tx, &client_id, &ids, &mut rng));
                 attempt += 1;
-                match ctx.api.push_raw(&kind, body).await {
+                match api.push_raw(&kind, body).await {
                     Ok(res) => {
                         check_push(&ctx.stats, &res, ids.len(), &mut last_head);
                         records += batch;
@@ -107,6 +119,8 @@ pub async fn run(ctx: Arc<Ctx>, a: PushStormArgs) -> Result<()> {
         form_type: form_type.clone(),
         device_offset: 0,
         keep_heads: !a.no_verify,
+        pusher: None,
+        districts: 0,
     };
     let bounds = Arc::new(Bounds::new(duration, ctx.common.requests));
     let out = storm(&ctx, &spec, bounds).await;

@@ -74,13 +74,13 @@ fn label(size: u64) -> String {
 }
 
 /// Live records the server counts (`/status`, from its kept statistics: no `count(*)`).
-async fn stored(ctx: &Ctx) -> Result<u64> {
+pub(super) async fn stored(ctx: &Ctx) -> Result<u64> {
     let status = ctx.api.status().await.map_err(|f| anyhow::anyhow!("GET /status failed: {f}"))?;
     status["observation_count"].as_u64().context("/status has no observation_count")
 }
 
 /// The 1-minute load average, so each step's figures carry the machine's load.
-fn loadavg() -> Option<f64> {
+pub(super) fn loadavg() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/loadavg").ok()?;
     s.split_whitespace().next()?.parse().ok()
 }
@@ -286,6 +286,8 @@ async fn push_storm(ctx: &Arc<Ctx>, a: &ScaleArgs, step: &str, types: &[String],
         // Each step's devices push ids of their own: new records, not updates.
         device_offset: index * a.push_devices,
         keep_heads: false,
+        pusher: None,
+        districts: 0,
     };
     ctx.progress.timed(&kind, a.push_secs);
     let out = storm(ctx, &spec, Arc::new(Bounds::new(Duration::from_secs(a.push_secs), None))).await;

@@ -1,10 +1,12 @@
 //! One simulated field device of the capacity scenario: a timer, not a loop as fast as it can.
-//! Every period (jittered) it pushes a batch, then pulls its team's form type from its own
-//! cursor until nothing is left; every tenth push it also uploads a photo, and every few
-//! minutes it checks the bundle manifest with the ETag of the bundle it has installed.
+//! Every period (jittered) it pushes a batch, then pulls from its own cursor until nothing is
+//! left (its team's form type, everything, or under a scope set what its district's user
+//! receives); every tenth push it also uploads a photo, and every few minutes it checks the
+//! bundle manifest with the ETag of the bundle it has installed.
 
 use super::super::{backoff, check_push, Ctx, PullLoop};
-use crate::api::{Api, ManifestAnswer};
+use super::district::{record_key, Check, District, Names, Seen};
+use crate::api::{Api, ManifestAnswer, ScopedRecord};
 use crate::cli::CapacityArgs;
 use crate::payload::{self, RecordPool};
 use bytes::Bytes;
@@ -29,13 +31,23 @@ pub struct Shared {
     pub head: i64,
     /// With `--photo-variants`, the photos every upload picks from.
     pub photos: Vec<Bytes>,
+    /// With `--scoped`: how the run names its records.
+    pub names: Option<Names>,
+}
+
+/// What a device pushes and pulls.
+pub enum Mode {
+    /// Pushes its team's form type; pulls `types` (its team's, or none: everything).
+    Team { pool: Arc<RecordPool>, types: Vec<String> },
+    /// Pushes its district's households and visits as its district's user and pulls with no
+    /// `schema_types`, checking what it receives.
+    District(Arc<District>),
 }
 
 pub struct Device {
     pub id: u64,
     pub api: Arc<Api>,
-    pub team_type: String,
-    pub pool: Arc<RecordPool>,
+    pub mode: Mode,
 }
 
 impl Device {
@@ -45,8 +57,10 @@ impl Device {
         let mut rng = s.ctx.rng();
         let client_id = format!("cap-{}-d{}", s.ctx.run, self.id);
         let period = Duration::from_secs(a.period_secs);
-        let types = [self.team_type.clone()];
-        let mut pull = PullLoop::new(s.head);
+        // A scoped device is a fresh install: it syncs from cursor 0 and receives its district's
+        // history; a team device starts in sync with the head.
+        let mut pull = PullLoop::new(if s.names.is_some() { 0 } else { s.head });
+        let mut check = Check::new(s.names.as_ref().map_or(0, |n| n.shared_records));
         let mut last_head = 0i64;
         let mut etag = s.etag.clone();
         // Random phases, so a step's new devices arrive spread over one period, photos and
@@ -62,14 +76,25 @@ impl Device {
                 return;
             }
             let n = rng.gen_range(a.batch_min..=a.batch_max.max(a.batch_min));
-            let ids: Vec<String> = (0..n)
-                .map(|_| {
-                    seq += 1;
-                    format!("obs_cap_{}_{}_{seq}", s.ctx.run, self.id)
+            let first = seq + 1;
+            seq += n;
+            let ids: Vec<String> = (first..=seq)
+                .map(|q| match &s.names {
+                    Some(names) => names.device_record(self.id, q),
+                    None => format!("obs_cap_{}_{}_{q}", s.ctx.run, self.id),
                 })
                 .collect();
-            self.push(&s, &client_id, &ids, &mut last_head, &mut rng).await;
-            self.pull(&s, &client_id, &mut pull, &types).await;
+            let acked = self.push(&s, &client_id, &ids, &mut last_head, &mut rng).await;
+            match &self.mode {
+                Mode::Team { types, .. } => self.pull(&s, &client_id, &mut pull, types).await,
+                Mode::District(d) => {
+                    if let Some(head) = acked {
+                        let keys = (first..=seq).map(|q| record_key(self.id, q)).collect();
+                        d.ledger.lock().unwrap_or_else(|p| p.into_inner()).push(head, keys);
+                    }
+                    self.pull_scoped(&s, d, &client_id, &mut pull, &mut check).await;
+                }
+            }
             pushes += 1;
             if a.photo_every > 0 && pushes.is_multiple_of(a.photo_every) {
                 self.photo(&s, &mut rng).await;
@@ -85,16 +110,108 @@ impl Device {
         }
     }
 
-    async fn push(&self, s: &Shared, client_id: &str, ids: &[String], head: &mut i64, rng: &mut impl Rng) {
+    /// The head the push was acknowledged at; `None` when it failed.
+    async fn push(
+        &self,
+        s: &Shared,
+        client_id: &str,
+        ids: &[String],
+        head: &mut i64,
+        rng: &mut impl Rng,
+    ) -> Option<i64> {
         let tx = uuid::Uuid::new_v4().to_string();
-        let body = Bytes::from(self.pool.push_body(&tx, client_id, ids, rng));
+        let pool = match &self.mode {
+            Mode::Team { pool, .. } => pool,
+            Mode::District(d) => d.pool(rng),
+        };
+        let body = Bytes::from(pool.push_body(&tx, client_id, ids, rng));
         match self.api.push_raw("push", body).await {
             Ok(res) => {
                 check_push(&s.ctx.stats, &res, ids.len(), head);
                 s.ctx.stats.add("records_pushed", ids.len() as u64);
+                Some(res.current_version)
             }
-            Err(f) => backoff(&f).await,
+            Err(f) => {
+                backoff(&f).await;
+                None
+            }
         }
+    }
+
+    /// A pull loop with no `schema_types` under the scope set, checking every record against
+    /// the device's district and, once complete, the district's ledger (see `district`).
+    async fn pull_scoped(
+        &self,
+        s: &Shared,
+        d: &District,
+        client_id: &str,
+        pull: &mut PullLoop,
+        check: &mut Check,
+    ) {
+        let Some(names) = &s.names else { return };
+        let stats = &s.ctx.stats;
+        for _ in 0..MAX_PAGES_PER_CYCLE {
+            let (records, done) =
+                match pull.page_of::<ScopedRecord>(&self.api, "pull", client_id, 500, &[]).await {
+                    Ok(page) => page,
+                    Err(f) => {
+                        backoff(&f).await;
+                        return;
+                    }
+                };
+            for r in &records {
+                let seen = names.classify(r, &d.name);
+                match seen {
+                    Seen::Foreign(kind) => stats.violation(
+                        kind,
+                        format!(
+                            "device {} of {} received {} ({})",
+                            self.id, d.name, r.observation_id, r.form_type
+                        ),
+                    ),
+                    Seen::Tombstone => stats.violation(
+                        "unexpected_tombstone",
+                        format!(
+                            "device {} of {} received a tombstone of {}",
+                            self.id, d.name, r.observation_id
+                        ),
+                    ),
+                    Seen::District(_) => stats.add("district_records_received", 1),
+                    Seen::Shared(_) => stats.add("shared_records_received", 1),
+                }
+                check.receive(&seen);
+            }
+            if done {
+                let missed =
+                    check.after_sync(pull.cursor, &d.ledger.lock().unwrap_or_else(|p| p.into_inner()));
+                stats.add("complete_syncs_checked", 1);
+                if let Some(k) = missed.district.first() {
+                    stats.violation(
+                        "district_record_missed",
+                        format!(
+                            "device {} of {}: a sync to {} lacks {} records of the district (first: device {}, seq {})",
+                            self.id,
+                            d.name,
+                            pull.cursor,
+                            missed.district.len(),
+                            k >> 32,
+                            k & 0xffff_ffff
+                        ),
+                    );
+                }
+                if !missed.shared.is_empty() {
+                    stats.violation(
+                        "shared_record_missed",
+                        format!(
+                            "device {} of {}: first sync lacks shared records {:?}",
+                            self.id, d.name, missed.shared
+                        ),
+                    );
+                }
+                return;
+            }
+        }
+        stats.add("pull_cycles_cut_short", 1);
     }
 
     async fn pull(&self, s: &Shared, client_id: &str, pull: &mut PullLoop, types: &[String]) {
