@@ -76,11 +76,16 @@ pub struct NewAttachment {
 }
 
 /// Inserts the row and counts it (src/db/stats.rs): call it in the change log's transaction. A
-/// tombstone of the same id (an imported deletion) goes in the same statement.
+/// tombstone of the same id (an imported deletion) goes in the same statement, and so does the
+/// uploader's write mark (src/db/marks.rs): their later reads show the upload.
 #[tracing::instrument(name = "db.attachments.insert", level = "debug", skip_all)]
 pub async fn insert(db: &impl GenericClient, a: &NewAttachment, change_id: i64) -> DbResult<AttachmentRow> {
     let sql = format!(
-        "WITH revived AS (DELETE FROM attachment_tombstones WHERE id = $1)
+        "WITH revived AS (DELETE FROM attachment_tombstones WHERE id = $1),
+         marked AS (
+             INSERT INTO write_marks AS m (username, change_id) VALUES ($5, $7)
+             ON CONFLICT (username) DO UPDATE SET change_id = greatest(m.change_id, excluded.change_id)
+         )
          INSERT INTO attachments (id, sha256, size, content_type, uploaded_by, client_id, change_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {COLUMNS}"
     );

@@ -23,10 +23,15 @@ pub struct AuditRow {
     pub details: Value,
 }
 
-/// Appends `entry`; call it on the transaction that performs the action.
+/// Appends `entry`; call it on the transaction that performs the action. The entry of a write
+/// also marks its actor's writes (src/db/marks.rs), in the same transaction, so every audited
+/// write is one that user's later reads reflect, whichever node or replica serves them.
 #[tracing::instrument(name = "db.audit.append", level = "debug", skip_all)]
 pub async fn append(db: &impl GenericClient, entry: &Entry) -> DbResult<()> {
     let origin = &entry.origin;
+    if let (true, Some(actor)) = (entry.action.is_write(), &origin.actor) {
+        super::marks::mark_write(db, actor).await?;
+    }
     db.execute(
         "INSERT INTO audit_log (actor, action, target, client_ip, request_id, node, details)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",

@@ -14,6 +14,7 @@ pub mod formspecs;
 pub mod go_import;
 pub mod go_source;
 pub mod login_attempts;
+pub mod marks;
 pub mod presence;
 pub mod record_row;
 pub mod records;

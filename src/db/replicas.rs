@@ -7,6 +7,11 @@
 //! commit that allocated the change_ids writes, a replica that shows head `h` shows every change
 //! at or below `h` (P1 holds on the replica as it holds on the primary), so the cursor check is
 //! the only thing a replica adds to the no-skip argument.
+//!
+//! Every read also reflects its reader's own acknowledged writes (read your writes): the reader's
+//! write mark (src/db/marks.rs) is read from the primary together with the primary's head while
+//! the replica runs the read, and raises the cursor; the reader's other writes (users, bundles,
+//! a reset) must show in the replica's copy of the mark before it may answer.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,9 +19,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use dashmap::DashMap;
 use deadpool_postgres::{Object, Pool};
 use tokio::time::Instant;
 
+use super::marks::{self, PrimaryView};
 use crate::db::DbResult;
 
 /// A replica out of rotation is probed again after this long (docs/api.md §18.3).
@@ -94,6 +101,10 @@ struct Replica {
     export_pool: Pool,
     in_rotation: AtomicBool,
     last: Mutex<ReplicaReport>,
+    /// Per user, the count of other writes (src/db/marks.rs) this replica has been seen to show.
+    /// Replay only moves forward, so what it showed once it shows to every later snapshot: a
+    /// user's reads check the replica's copy of their mark once per write, not once per read.
+    writes_seen: DashMap<String, i64>,
 }
 
 /// Whose connections a routed read uses.
@@ -126,6 +137,17 @@ impl Replica {
         drop(last);
         self.in_rotation.store(healthy, Ordering::Release);
         crate::monitoring::replica_state(&self.name, healthy, lag_seconds);
+    }
+
+    fn shows_writes(&self, username: &str, writes: i64) -> bool {
+        writes == 0 || self.writes_seen.get(username).is_some_and(|seen| *seen >= writes)
+    }
+
+    fn saw_writes(&self, username: &str, writes: i64) {
+        if writes > 0 {
+            let mut seen = self.writes_seen.entry(username.to_owned()).or_default();
+            *seen = (*seen).max(writes);
+        }
     }
 
     /// Taken out of rotation at once when a request finds it broken; the checker brings it back.
@@ -184,6 +206,7 @@ impl ReadRouter {
                     export_pool: crate::db::create_pool(conn, export_pool_size)?,
                     in_rotation: AtomicBool::new(false),
                     last: Mutex::new(report),
+                    writes_seen: DashMap::new(),
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -209,28 +232,32 @@ impl ReadRouter {
         (0..n).map(|i| &self.replicas[(start + i) % n]).find(|r| r.in_rotation.load(Ordering::Acquire))
     }
 
-    /// Runs `run` on a healthy replica, or on the primary. With a `cursor`, the answer's change
-    /// head (`position`) is at least `min(cursor, primary head)`: a replica behind that is waited
-    /// for up to `REPLICA_MAX_WAIT_MS`, then the primary answers. A replica failing is retried once
-    /// on the primary; only the primary's own failure reaches the caller.
+    /// Runs `run` for `reader` on a healthy replica, or on the primary. The answer's change head
+    /// (`position`) is at least `min(floor, primary head)`, where the floor is the highest of
+    /// `cursor` and the reader's own newest change-numbered write, and a replica answers only once
+    /// it shows the reader's other writes too: a replica behind that is waited for up to
+    /// `REPLICA_MAX_WAIT_MS`, then the primary answers. A replica failing is retried once on the
+    /// primary; only the primary's own failure reaches the caller.
     pub async fn read<'a, T>(
         &self,
+        reader: &str,
         cursor: Option<i64>,
         position: impl Fn(&T) -> i64,
         run: impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> DbResult<Served<T>> {
-        self.routed(Lane::Requests, &self.primary, cursor, &position, &run).await
+        self.routed(Lane::Requests, &self.primary, reader, cursor, &position, &run).await
     }
 
     async fn routed<'a, T>(
         &self,
         lane: Lane,
         primary: &Pool,
+        reader: &str,
         cursor: Option<i64>,
         position: &impl Fn(&T) -> i64,
         run: &impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> DbResult<Served<T>> {
-        if let Some(value) = self.on_some_replica(lane, cursor, position, run).await {
+        if let Some(value) = self.on_some_replica(lane, reader, cursor, position, run).await {
             return Ok(Served { value, by: Target::Replica });
         }
         let value = run(connection(lane, primary).await?).await?;
@@ -238,12 +265,18 @@ impl ReadRouter {
         Ok(Served { value, by: Target::Primary })
     }
 
-    /// A connection for an export, which takes its own snapshot afterwards: from a replica whose
-    /// change head has reached `cursor` (replay only moves forward, so the snapshot will show at
-    /// least that), else from `primary`, the exports' own pool.
-    pub async fn export_connection(&self, cursor: i64, primary: &Pool) -> DbResult<(Object, Target)> {
+    /// A connection for an export by `reader`, which takes its own snapshot afterwards: from a
+    /// replica whose change head has reached `cursor` and the reader's own writes (replay only
+    /// moves forward, so the snapshot will show at least that), else from `primary`, the exports'
+    /// own pool.
+    pub async fn export_connection(
+        &self,
+        reader: &str,
+        cursor: i64,
+        primary: &Pool,
+    ) -> DbResult<(Object, Target)> {
         let served = self
-            .routed(Lane::Exports, primary, Some(cursor), &|(_, head): &(Object, i64)| *head, &|db| {
+            .routed(Lane::Exports, primary, reader, Some(cursor), &|(_, head): &(Object, i64)| *head, &|db| {
                 Box::pin(async move {
                     let head = super::records::head(&db).await?;
                     Ok((db, head))
@@ -253,16 +286,17 @@ impl ReadRouter {
         Ok((served.value.0, served.by))
     }
 
-    /// `None`: no replica in rotation, or the chosen one failed or stayed behind the cursor.
+    /// `None`: no replica in rotation, or the chosen one failed or stayed behind.
     async fn on_some_replica<'a, T>(
         &self,
         lane: Lane,
+        reader: &str,
         cursor: Option<i64>,
         position: &impl Fn(&T) -> i64,
         run: &impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> Option<T> {
         let replica = self.pick()?;
-        match self.on_replica(lane, replica.pool(lane), cursor, position, run).await {
+        match self.on_replica(lane, replica, reader, cursor, position, run).await {
             Ok(Some(value)) => {
                 crate::monitoring::db_read(Target::Replica.as_str());
                 Some(value)
@@ -271,7 +305,14 @@ impl ReadRouter {
                 crate::monitoring::db_read_fallback("behind");
                 None
             }
-            Err(e) => {
+            Err(ReplicaError::Primary(e)) => {
+                // Without the reader's mark no replica may answer; the primary's own answer (or
+                // its error) is the request's.
+                tracing::debug!(error = %e, "the primary did not give the reader's write mark");
+                crate::monitoring::db_read_fallback("behind");
+                None
+            }
+            Err(ReplicaError::Replica(e)) => {
                 tracing::warn!(replica = %replica.name, error = %e, "read replica failed; retrying on the primary");
                 if e.is_unavailable() {
                     replica.mark_unreachable();
@@ -282,42 +323,59 @@ impl ReadRouter {
         }
     }
 
-    /// `Ok(None)`: the replica did not reach the cursor in time.
+    /// `Ok(None)`: the replica did not reach the floor in time.
     async fn on_replica<'a, T>(
         &self,
         lane: Lane,
-        replica: &Pool,
+        replica: &Replica,
+        reader: &str,
         cursor: Option<i64>,
         position: &impl Fn(&T) -> i64,
         run: &impl Fn(Object) -> ReadFuture<'a, T>,
-    ) -> DbResult<Option<T>> {
+    ) -> Result<Option<T>, ReplicaError> {
         let deadline = Instant::now() + self.max_wait;
-        let value = run(connection(lane, replica).await?).await?;
-        let Some(cursor) = cursor else { return Ok(Some(value)) };
-        if position(&value) >= cursor {
-            return Ok(Some(value));
-        }
-        // A cursor above the primary's head (P6, e.g. after a database restore) can never be
+        let pool = replica.pool(lane);
+        // The primary's head and the reader's mark while the replica answers: the lookup is one
+        // index probe, and waiting for it costs the read nothing.
+        let view = async {
+            let db = super::drivers::get_near(&self.primary).await?;
+            marks::primary_view(&db, reader).await
+        };
+        let first = async { run(connection(lane, pool).await?).await };
+        let (view, first) = tokio::join!(view, first);
+        let PrimaryView { head: primary_head, mark } = view.map_err(ReplicaError::Primary)?;
+        let value = first.map_err(ReplicaError::Replica)?;
+        let floor = match (cursor, mark.change_id) {
+            (None, 0) => None,
+            (cursor, mark) => Some(cursor.unwrap_or(0).max(mark)),
+        };
+        // A floor above the primary's head (P6, e.g. after a database restore) can never be
         // reached: the replica need only show what the primary would.
-        // The primary failing here is not the replica's fault: then the cursor alone decides.
-        let primary_head: DbResult<i64> =
-            async { super::records::head(&self.primary.get().await?).await }.await;
-        let target = primary_head.map_or(cursor, |head| cursor.min(head));
-        if position(&value) >= target {
+        let target = floor.map(|f| f.min(primary_head));
+        let reached = |value: &T| target.is_none_or(|t| position(value) >= t);
+        if replica.shows_writes(reader, mark.writes) && reached(&value) {
             return Ok(Some(value));
         }
+        // Wait until the replica shows the target head and the reader's other writes; the read
+        // then runs again, on a snapshot taken after that.
         loop {
+            let db = pool.get().await.map_err(|e| ReplicaError::Replica(e.into()))?;
+            let (head, writes) = marks::replica_progress(&db, reader).await.map_err(ReplicaError::Replica)?;
+            drop(db);
+            if target.is_none_or(|t| head >= t) && writes >= mark.writes {
+                replica.saw_writes(reader, writes);
+                break;
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Ok(None);
             }
             tokio::time::sleep(POLL.min(deadline - now)).await;
-            if super::records::head(&replica.get().await?).await? >= target {
-                break;
-            }
         }
-        let value = run(connection(lane, replica).await?).await?;
-        Ok((position(&value) >= target).then_some(value))
+        let value = run(connection(lane, pool).await.map_err(ReplicaError::Replica)?)
+            .await
+            .map_err(ReplicaError::Replica)?;
+        Ok(reached(&value).then_some(value))
     }
 
     /// One probe of one replica: reachable, replaying, and how far behind.
@@ -343,6 +401,13 @@ impl ReadRouter {
             Err(_) => replica.mark_unreachable(),
         }
     }
+}
+
+/// Why a read left its replica: the reader's mark could not be read from the primary, or the
+/// replica failed.
+enum ReplicaError {
+    Primary(super::DbError),
+    Replica(super::DbError),
 }
 
 /// A connection of `pool` for a read in `lane`. A request's is preferably one that its own thread

@@ -125,10 +125,13 @@ pub struct ObservationStats {
     /// (bucket start, label, count), dense and ascending.
     pub buckets: Vec<(DateTime<Utc>, String, i64)>,
     pub computed_at: Option<DateTime<Utc>>,
+    /// The change head of the statement's snapshot: the counts include every change up to it.
+    pub head: i64,
 }
 
 /// One statement, one snapshot: per-type counts, the bucket unit, and the dense zero-filled
-/// timeline (UTC days, or ISO weeks when the span is at least 365 days) of non-deleted records.
+/// timeline (UTC days, or ISO weeks when the span is at least 365 days) of non-deleted records,
+/// with the change head they count up to on the always present 'unit' row.
 const STATS_SQL: &str = r#"
 WITH live AS (
     SELECT form_type, day, n FROM observation_counts WHERE NOT deleted AND n > 0
@@ -152,15 +155,15 @@ dense AS (
     WHERE span.lo IS NOT NULL
 )
 SELECT 'type' AS kind, form_type AS label, NULL::timestamptz AS bucket, sum(n)::bigint AS n,
-       (SELECT unit FROM span) AS unit, now() AS computed_at
+       (SELECT unit FROM span) AS unit, now() AS computed_at, NULL::bigint AS head
 FROM live GROUP BY form_type
 UNION ALL
 SELECT 'bucket', CASE WHEN dense.unit = 'week' THEN to_char(dense.bucket, 'IYYY-"W"IW')
                       ELSE to_char(dense.bucket, 'YYYY-MM-DD') END,
-       dense.bucket AT TIME ZONE 'UTC', coalesce(counted.n, 0)::bigint, dense.unit, now()
+       dense.bucket AT TIME ZONE 'UTC', coalesce(counted.n, 0)::bigint, dense.unit, now(), NULL
 FROM dense LEFT JOIN counted ON counted.bucket = dense.bucket
 UNION ALL
-SELECT 'unit', NULL, NULL, 0, (SELECT unit FROM span), now()
+SELECT 'unit', NULL, NULL, 0, (SELECT unit FROM span), now(), (SELECT head FROM change_head)
 "#;
 
 #[tracing::instrument(name = "db.stats.observation_stats", level = "debug", skip_all)]
@@ -181,6 +184,7 @@ pub async fn observation_stats(db: &impl GenericClient) -> DbResult<ObservationS
                 if let Some(unit) = row.get::<_, Option<String>>("unit") {
                     stats.bucket_unit = unit;
                 }
+                stats.head = row.get::<_, Option<i64>>("head").unwrap_or_default();
             }
         }
     }

@@ -191,6 +191,10 @@ pub async fn update(
         entries.push(origin.entry(Action::AttributesChanged, Some(username), details));
     }
     audit::append_all(&tx, &entries).await?;
+    if let (true, Some(actor)) = (entries.is_empty(), &origin.actor) {
+        // An e-mail change is not audited, but it is a write its author reads back.
+        super::marks::mark_write(&tx, actor).await?;
+    }
     tx.commit().await?;
     Ok(Some(updated))
 }

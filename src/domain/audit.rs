@@ -90,6 +90,34 @@ impl Action {
     pub fn parse(raw: &str) -> Option<Action> {
         Action::ALL.into_iter().find(|a| a.as_str() == raw)
     }
+
+    /// Whether the action is a write its actor's later reads must reflect (docs/api.md §18.3,
+    /// read your writes): it changes users, bundles, form specs or the repository. Signing in and
+    /// exporting change nothing a read shows.
+    pub fn is_write(self) -> bool {
+        match self {
+            Action::UserCreated
+            | Action::UserDeleted
+            | Action::RoleChanged
+            | Action::PasswordReset
+            | Action::PasswordChanged
+            | Action::BundlePushed
+            | Action::BundleActivated
+            | Action::BundleRolledBack
+            | Action::BundleVersionRemoved
+            | Action::RepositoryReset
+            | Action::FormSpecChanged
+            | Action::AttributesChanged
+            | Action::ScopeSetChanged
+            | Action::ScopeSetActivated => true,
+            Action::SignIn
+            | Action::SignInFailed
+            | Action::RefreshTokenReused
+            | Action::ExportStarted
+            | Action::ExportDownloaded
+            | Action::ServerStarted => false,
+        }
+    }
 }
 
 /// Who did an action and from where.

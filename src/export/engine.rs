@@ -222,14 +222,17 @@ impl Engine {
         tx: &mpsc::Sender<Chunk>,
         head_tx: oneshot::Sender<ApiResult<(i64, Target)>>,
     ) {
-        let (client, by) =
-            match self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool)) {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = head_tx.send(Err(e.into()));
-                    return;
-                }
-            };
+        let (client, by) = match self.block(self.reads.export_connection(
+            &request.requested_by,
+            request.filter.since_change_id,
+            &self.pool,
+        )) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = head_tx.send(Err(e.into()));
+                return;
+            }
+        };
         let reader = match Reader::start(self, client, &request.filter) {
             Ok(reader) => reader,
             Err(e) => {
@@ -303,8 +306,11 @@ impl Engine {
         progress: &JobProgress,
         part: &Path,
     ) -> Result<(), RunError> {
-        let (client, by) =
-            self.block(self.reads.export_connection(request.filter.since_change_id, &self.pool))?;
+        let (client, by) = self.block(self.reads.export_connection(
+            &request.requested_by,
+            request.filter.since_change_id,
+            &self.pool,
+        ))?;
         let mut result = self.write_job_with(client, request, progress, part);
         if matches!(result, Err(RunError::Db(_))) && by == Target::Replica {
             // A replica failing mid-job: the job runs again on the primary, from the start.

@@ -70,7 +70,12 @@ pub async fn devices(
     let seen_before = stale_after.map(|secs| st.clock.now() - chrono::Duration::seconds(secs));
     let served = st
         .reads
-        .read(None, |_| 0, |db| Box::pin(async move { presence::list(&db, username, seen_before).await }))
+        .read(
+            &caller.username,
+            None,
+            |(head, _)| *head,
+            |db| Box::pin(async move { presence::list(&db, username, seen_before).await }),
+        )
         .await?;
     let (head, rows) = served.value;
     let devices: Vec<Device> = rows

@@ -203,8 +203,12 @@ pub async fn parquet(
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
     let filter = raw.filter()?;
-    stream(&req, &caller, ExportRequest { format: ExportFormat::Parquet, filter: viewed_by(filter, &caller) })
-        .await
+    let request = ExportRequest {
+        format: ExportFormat::Parquet,
+        filter: viewed_by(filter, &caller),
+        requested_by: caller.username.clone(),
+    };
+    stream(&req, &caller, request).await
 }
 
 /// Parquet, CSV or NDJSON export, streamed
@@ -220,7 +224,11 @@ pub async fn data_export(
     Query(raw): Query<RawParams>,
 ) -> ApiResult<HttpResponse> {
     caller.require(Role::ReadOnly)?;
-    let request = ExportRequest { format: raw.format()?, filter: viewed_by(raw.filter()?, &caller) };
+    let request = ExportRequest {
+        format: raw.format()?,
+        filter: viewed_by(raw.filter()?, &caller),
+        requested_by: caller.username.clone(),
+    };
     stream(&req, &caller, request).await
 }
 
@@ -241,8 +249,12 @@ pub async fn raw_json(
     caller.require(Role::ReadOnly)?;
     let mut filter = raw.filter()?;
     filter.include_deleted = false;
-    stream(&req, &caller, ExportRequest { format: ExportFormat::RawJson, filter: viewed_by(filter, &caller) })
-        .await
+    let request = ExportRequest {
+        format: ExportFormat::RawJson,
+        filter: viewed_by(filter, &caller),
+        requested_by: caller.username.clone(),
+    };
+    stream(&req, &caller, request).await
 }
 
 /// Start a background export
@@ -261,7 +273,11 @@ pub async fn create_job(
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     raw.merge_body(&body)?;
-    let request = ExportRequest { format: raw.format()?, filter: viewed_by(raw.filter()?, &caller) };
+    let request = ExportRequest {
+        format: raw.format()?,
+        filter: viewed_by(raw.filter()?, &caller),
+        requested_by: caller.username.clone(),
+    };
     let details = export_details(&request, false);
     let job = st.actors.export_jobs.create_job(caller.username.clone(), request).await?;
     let entry = audit_origin(&req, st, &caller.username).entry(Action::ExportStarted, Some(&job.id), details);
@@ -340,7 +356,12 @@ pub async fn observation_stats(req: HttpRequest, Auth(caller): Auth) -> ApiResul
     }
     let served = st
         .reads
-        .read(None, |_| 0, |db| Box::pin(async move { crate::db::stats::observation_stats(&db).await }))
+        .read(
+            &caller.username,
+            None,
+            |stats: &crate::db::stats::ObservationStats| stats.head,
+            |db| Box::pin(async move { crate::db::stats::observation_stats(&db).await }),
+        )
         .await?;
     let stats = served.value;
     let week = stats.bucket_unit == "week";

@@ -151,6 +151,7 @@ pub async fn list(
     let served = st
         .reads
         .read(
+            &caller.username,
             Some(after),
             |(head, _): &(i64, _)| *head,
             |db| {
@@ -234,27 +235,29 @@ pub async fn history(
     caller.require(Role::ReadOnly)?;
     let st = state(&req)?;
     // A replica that does not know the record yet (it may have been pushed a moment ago) counts
-    // as behind: the primary decides whether it exists.
+    // as behind: the primary decides whether it exists. The head is read first, pipelined with the
+    // existence check: the later statements' snapshots show at least what it showed.
     let served = st
         .reads
         .read(
+            &caller.username,
             Some(0),
-            |found: &Option<_>| if found.is_some() { 0 } else { -1 },
+            |(head, found): &(i64, Option<_>)| if found.is_some() { *head } else { -1 },
             |db| {
                 let id = &id;
                 let username = &caller.username;
                 Box::pin(async move {
-                    if !records::record_exists(&db, id).await?
-                        || !scope_read::record_visible(&db, username, id).await?
-                    {
-                        return Ok(None);
+                    let (head, exists) =
+                        futures_util::try_join!(records::head(&db), records::record_exists(&db, id))?;
+                    if !exists || !scope_read::record_visible(&db, username, id).await? {
+                        return Ok((head, None));
                     }
-                    Ok(Some(records::history(&db, id, before, limit).await?))
+                    Ok((head, Some(records::history(&db, id, before, limit).await?)))
                 })
             },
         )
         .await?;
-    let Some(mut revisions) = served.value else {
+    let (_, Some(mut revisions)) = served.value else {
         return Err(ApiError::not_found(format!("Observation '{id}' not found")));
     };
     let has_more = revisions.len() as i64 > limit;

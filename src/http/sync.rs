@@ -159,7 +159,7 @@ async fn pull_page(
     let span = tracing::Span::current();
     let served = st
         .reads
-        .read(Some(pull.after), position, move |db| {
+        .read(username, Some(pull.after), position, move |db| {
             Box::pin(pull_body::start(db, username.to_owned(), pull.clone(), gzip, span.clone()))
         })
         .await?;

@@ -137,6 +137,18 @@ impl ReplicaPair {
         }
     }
 
+    /// Waits until the standby has replayed everything the primary has written so far, rows
+    /// without a change_id (users, device sightings) included.
+    pub async fn wait_replayed_all(&self) {
+        let lsn: String = Self::query(&self.primary_conn(), "SELECT pg_current_wal_lsn()::text").await.get(0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let caught_up = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
+        while !self.replica_query(&caught_up).await.get::<_, bool>(0) {
+            assert!(Instant::now() < deadline, "the replica did not catch up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub async fn stop_replica(&self) {
         let r = self.replica.clone();
         tokio::task::spawn_blocking(move || r.stop()).await.unwrap().expect("stop replica");
@@ -225,6 +237,9 @@ async fn a_lagging_replica_is_waited_for_then_the_primary_answers() {
     let pair = ReplicaPair::start().await;
     let app = server(&pair).await;
     let admin = app.admin_token().await;
+    // Reads by a user who writes nothing: only their cursor holds them to the primary (the
+    // pusher's own reads reflect their pushes whatever the cursor, see the test below).
+    let reader = app.user_token(&admin, "reader", "read-only").await;
     push_records(&app, &admin, "t1", &ids("a", 5), "f").await;
     pair.wait_replayed().await;
     wait_in_rotation(&app, Duration::from_secs(10)).await;
@@ -235,7 +250,7 @@ async fn a_lagging_replica_is_waited_for_then_the_primary_answers() {
     pair.pause_replay().await;
     let h = push_records(&app, &admin, "t2", &ids("b", 5), "f").await;
     let started = Instant::now();
-    let (status, body, by) = pull(&app, &admin, h, 50).await;
+    let (status, body, by) = pull(&app, &reader, h, 50).await;
     let took = started.elapsed();
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body["current_version"].as_i64().unwrap() >= h, "monotonic: {body} below {h}");
@@ -246,17 +261,17 @@ async fn a_lagging_replica_is_waited_for_then_the_primary_answers() {
         format!("/api/v1/sync/pull?client_id=x&since={h}"),
         format!("/attachments/manifest?after_change_id={h}"),
     ] {
-        let res = app.send(Method::GET, &path, Some(&admin), None).await;
+        let res = app.send(Method::GET, &path, Some(&reader), None).await;
         assert_eq!((res.status(), served_by(&res).as_str()), (StatusCode::OK, "primary"), "{path}");
         let body: Value = res.json().await.unwrap();
         assert!(body["change_cutoff"].as_i64().unwrap() >= h, "{path}: {body}");
     }
     let (status, body) =
-        app.call(Method::GET, "/attachments/manifest?after_change_id=0", Some(&admin), None).await;
+        app.call(Method::GET, "/attachments/manifest?after_change_id=0", Some(&reader), None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(body["change_cutoff"].as_i64().unwrap() < h, "served by the paused replica: {body}");
     // A cursor the paused replica has reached is still served by it.
-    let (status, body, by) = pull(&app, &admin, 0, 50).await;
+    let (status, body, by) = pull(&app, &reader, 0, 50).await;
     assert_eq!((status, by.as_str()), (StatusCode::OK, "replica"), "{body}");
     assert!(body["current_version"].as_i64().unwrap() < h, "the replica really is paused");
 
@@ -516,4 +531,100 @@ async fn exports_and_statistics_from_a_replica_equal_the_primarys() {
     assert_eq!((res.status(), served_by(&res).as_str()), (StatusCode::OK, "replica"));
     let res = app.send(Method::GET, "/observations/a-2/history", Some(&admin), None).await;
     assert_eq!((res.status(), served_by(&res).as_str()), (StatusCode::OK, "replica"));
+}
+
+fn observation_ids(records: &Value) -> HashSet<String> {
+    records
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| r["observation_id"].as_str().expect("id").to_string())
+        .collect()
+}
+
+/// Read your writes (docs/api.md §18.3): with the replica's replay paused, a user who pushed, or
+/// uploaded an attachment, reads it back at once through any node: a pull from their old cursor,
+/// their observation listing, the spec dialect, statistics, an export, a record's history and
+/// the attachment manifest. An admin who deleted a user no longer sees that user's devices. Users
+/// who wrote nothing are still served by the paused replica.
+#[actix_web::test]
+async fn a_user_reads_their_own_writes_through_a_paused_replica() {
+    let pair = ReplicaPair::start().await;
+    let node_a = server(&pair).await;
+    let node_b = server(&pair).await;
+    let admin = node_a.admin_token().await;
+    let writer = node_a.user_token(&admin, "writer", "read-write").await;
+    let bystander = node_a.user_token(&admin, "bystander", "read-only").await;
+    let before = push_records(&node_a, &writer, "w0", &ids("old", 2), "f").await;
+    // A device of the bystander's, for /devices to lose with the user.
+    let (status, body, _) = pull(&node_b, &bystander, 0, 50).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, devices) = node_a.call(Method::GET, "/devices?username=bystander", Some(&admin), None).await;
+        if devices.as_array().is_some_and(|d| !d.is_empty()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the sighting was never stored: {devices}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pair.wait_replayed_all().await;
+    wait_in_rotation(&node_a, Duration::from_secs(10)).await;
+    wait_in_rotation(&node_b, Duration::from_secs(10)).await;
+    let (status, body, by) = pull(&node_b, &writer, before, 50).await;
+    assert_eq!((status, by.as_str()), (StatusCode::OK, "replica"), "{body}");
+
+    pair.pause_replay().await;
+    let new_ids: HashSet<String> = ids("new", 3).into_iter().collect();
+    let h = push_records(&node_a, &writer, "w1", &ids("new", 3), "f").await;
+    for (name, node) in [("the pushing node", &node_a), ("another node", &node_b)] {
+        let (status, body, _) = pull(node, &writer, before, 50).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(observation_ids(&body["records"]), new_ids, "{name}: a pull from the old cursor: {body}");
+        assert!(body["current_version"].as_i64().unwrap() >= h, "{name}: {body}");
+
+        let (status, body) = node
+            .call(Method::GET, &format!("/api/v1/sync/pull?client_id=x&since={before}"), Some(&writer), None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["records"].as_array().map(Vec::len), Some(3), "{name}: the spec dialect: {body}");
+
+        let (status, body) = node.call(Method::GET, "/observations", Some(&writer), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let listed = observation_ids(&body["observations"]);
+        assert!(new_ids.is_subset(&listed), "{name}: the listing: {body}");
+
+        let (status, body) = node.call(Method::GET, "/observations/new-0/history", Some(&writer), None).await;
+        assert_eq!(status, StatusCode::OK, "{name}: the history: {body}");
+
+        let (status, body) = node.call(Method::GET, "/stats/observations", Some(&writer), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["totalCount"], 5, "{name}: the statistics: {body}");
+
+        let res = node.send(Method::GET, "/data/export?format=json", Some(&writer), None).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let text = res.text().await.unwrap();
+        assert!(text.contains("new-2"), "{name}: the export: {text}");
+    }
+    // Marks are per user: the bystander still reads the paused replica.
+    let (status, body, by) = pull(&node_b, &bystander, before, 50).await;
+    assert_eq!((status, by.as_str()), (StatusCode::OK, "replica"), "{body}");
+    assert!(body["current_version"].as_i64().unwrap() < h, "{body}");
+
+    // An attachment uploaded through one node is in the manifest through the other.
+    let (status, body) = node_b.put_bytes(&writer, "/attachments/rw.bin", b"mine", None).await;
+    assert!(status.is_success(), "{body}");
+    let (status, body) = node_a
+        .call(Method::GET, &format!("/attachments/manifest?after_change_id={h}"), Some(&writer), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.to_string().contains("rw.bin"), "the manifest: {body}");
+
+    // A write without a change_id: the deleted user's device is gone from the admin's list.
+    let (status, body) = node_a.call(Method::DELETE, "/users/bystander", Some(&admin), None).await;
+    assert!(status.is_success(), "{body}");
+    let (status, body) = node_b.call(Method::GET, "/devices", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!body.to_string().contains("bystander"), "the devices list: {body}");
+    pair.resume_replay().await;
 }

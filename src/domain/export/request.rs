@@ -72,11 +72,13 @@ pub struct ExportFilter {
     pub viewer: Option<String>,
 }
 
-/// One export: its format and which records it covers.
+/// One export: its format, which records it covers, and who asked (it reflects their own
+/// writes, docs/api.md §18.3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportRequest {
     pub format: ExportFormat,
     pub filter: ExportFilter,
+    pub requested_by: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
