@@ -96,6 +96,9 @@ struct Pending {
     push: Push,
     reply: oneshot::Sender<Result<PushOutcome, CommitError>>,
     queued_at: Instant,
+    /// The push's request, for the group commit's span.
+    request_id: Option<String>,
+    span: tracing::Span,
 }
 
 impl Queued for Pending {
@@ -307,12 +310,17 @@ impl StreamHandler<Report> for ChangeLog {
     fn finished(&mut self, _: &mut Self::Context) {}
 }
 
+super::traced!(ChangeLog: Push, CommitAttachment, ResetRepository);
+
 impl Handler<Push> for ChangeLog {
     type Result = ResponseFuture<Result<PushOutcome, CommitError>>;
 
     fn handle(&mut self, push: Push, ctx: &mut Self::Context) -> Self::Result {
         let (reply, answer) = oneshot::channel();
-        let actions = self.scheduler.push(Pending { push, reply, queued_at: Instant::now() });
+        let request_id = crate::telemetry::request_id::try_current();
+        let span = tracing::Span::current();
+        let actions =
+            self.scheduler.push(Pending { push, reply, queued_at: Instant::now(), request_id, span });
         self.execute(actions, ctx);
         Box::pin(async move { answer.await.unwrap_or(Err(CommitError::Dropped)) })
     }

@@ -70,12 +70,12 @@ pub struct ExportJobsHandle {
 impl ExportJobsHandle {
     /// Starts a streamed export, or 429 when every slot is taken.
     pub async fn start(&self, request: ExportRequest) -> ApiResult<PendingExport> {
-        super::ask_traced(&self.addr, "export registry", StartExport(request)).await
+        super::ask(&self.addr, "export registry", StartExport(request)).await
     }
 
     /// Queues an export job owned by `owner`.
     pub async fn create_job(&self, owner: String, request: ExportRequest) -> ApiResult<JobView> {
-        super::ask_traced(&self.addr, "export registry", CreateJob { owner, request }).await
+        super::ask(&self.addr, "export registry", CreateJob { owner, request }).await
     }
 
     /// A job's status, for its owner or an admin.

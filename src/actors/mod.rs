@@ -48,34 +48,25 @@ pub struct NoAnswer {
 
 /// Sends `msg` to `addr` and waits for the answer. The one place a mailbox failure becomes an
 /// error: a 500, with the actor's name and the mailbox error kept as the cause; and where an
-/// actor's own error (`CommitError`, ...) becomes an HTTP error.
+/// actor's own error (`CommitError`, ...) becomes an HTTP error. The message is handled in a span
+/// of its own, a child of the sender's (the request's), with the sender's request id: the actor's
+/// log lines and database calls for it are the request's (see [`Traced`]).
 async fn ask<A, M, T, E>(addr: &Addr<A>, actor: &'static str, msg: M) -> ApiResult<T>
 where
-    A: Actor + Handler<M>,
-    A::Context: ToEnvelope<A, M>,
+    A: Actor + Handler<Traced<M>>,
+    A::Context: ToEnvelope<A, Traced<M>>,
     M: Message<Result = Result<T, E>> + Send + 'static,
     T: Send + 'static,
     E: Into<ApiError> + Send + 'static,
 {
-    addr.send(msg).await.map_err(|source| ApiError::internal(NoAnswer { actor, source }))?.map_err(Into::into)
-}
-
-/// [`ask`], with the message handled in a span of its own, a child of the sender's (the
-/// request's): the actor's log lines and database calls for it are the request's (see [`Traced`]).
-async fn ask_traced<A, M, T>(addr: &Addr<A>, actor: &'static str, msg: M) -> ApiResult<T>
-where
-    A: Actor + Handler<Traced<M>>,
-    A::Context: ToEnvelope<A, Traced<M>>,
-    M: Message<Result = ApiResult<T>> + Send + 'static,
-    T: Send + 'static,
-{
     let message = std::any::type_name::<M>().rsplit("::").next().unwrap_or("message");
     let span = tracing::info_span!("actor", otel.name = %format_args!("{actor}: {message}"), actor, message);
-    let traced = Traced { msg, span: span.clone() };
+    let traced = Traced { msg, span: span.clone(), request_id: crate::telemetry::request_id::try_current() };
     addr.send(traced)
         .instrument(span)
         .await
         .map_err(|source| ApiError::internal(NoAnswer { actor, source }))?
+        .map_err(Into::into)
 }
 
 /// The span of a call into one of the two stores, which are not actors but are traced as if they
@@ -87,13 +78,23 @@ fn store_span(store: &'static str, message: &'static str) -> tracing::Span {
 /// Runs a store's part of a request in its span and to its end, even when the request goes away
 /// meanwhile, as an actor's answer did: an upload, a switch or a reset half done would leave
 /// files and rows apart. It is the request's work, not background work: the request awaits it,
-/// and the drain at shutdown waits for the request.
+/// and the drain at shutdown waits for the request, whose id its log lines and the actor
+/// messages it sends carry.
 async fn to_the_end<T: 'static>(
     store: &'static str,
     message: &'static str,
     work: impl std::future::Future<Output = ApiResult<T>> + 'static,
 ) -> ApiResult<T> {
-    actix::spawn(work.instrument(store_span(store, message))).await.map_err(ApiError::internal)?
+    let work = work.instrument(store_span(store, message));
+    let request_id = crate::telemetry::request_id::try_current();
+    actix::spawn(async move {
+        match request_id {
+            Some(id) => crate::telemetry::request_id::scope(id, work).await,
+            None => work.await,
+        }
+    })
+    .await
+    .map_err(ApiError::internal)?
 }
 
 /// A message and the span it is handled in. Every actor handles `Traced<M>` for each of its
@@ -102,6 +103,8 @@ async fn to_the_end<T: 'static>(
 pub struct Traced<M> {
     msg: M,
     span: tracing::Span,
+    /// The sender's, current while the handler runs (`request_id::try_current`).
+    request_id: Option<String>,
 }
 
 impl<M: Message> Message for Traced<M> {
@@ -109,8 +112,11 @@ impl<M: Message> Message for Traced<M> {
 }
 
 impl<M> Traced<M> {
-    pub fn into_parts(self) -> (M, tracing::Span) {
-        (self.msg, self.span)
+    /// Handles the message with `handle`, inside its span and with the sender's request id.
+    pub fn handle_in<R>(self, handle: impl FnOnce(M) -> R) -> (R, tracing::Span) {
+        let Traced { msg, span, request_id } = self;
+        let answer = span.in_scope(|| crate::telemetry::request_id::sync_scope(request_id, || handle(msg)));
+        (answer, span)
     }
 }
 
@@ -175,8 +181,8 @@ macro_rules! traced {
                 traced: $crate::actors::Traced<$message>,
                 ctx: &mut Self::Context,
             ) -> Self::Result {
-                let (msg, span) = traced.into_parts();
-                let answer = span.in_scope(|| <$actor as actix::Handler<$message>>::handle(self, msg, ctx));
+                let (answer, span) =
+                    traced.handle_in(|msg| <$actor as actix::Handler<$message>>::handle(self, msg, ctx));
                 $crate::actors::InSpan::in_span(answer, span)
             }
         }

@@ -12,6 +12,7 @@ use deadpool_postgres::{GenericClient, Transaction};
 use serde_json::Value;
 use tokio_postgres::types::{Json, ToSql};
 
+use super::marks;
 use super::record_row::{self, JsonColumn, Row, Rows};
 use super::records::{self, raw_json};
 use crate::db::scope::ScopeState;
@@ -79,6 +80,7 @@ pub struct PlanInputs {
 /// prepared once per connection and pipelined, and PostgreSQL runs them in the order sent, so every
 /// read happens after the lock is held, each in a snapshot taken after it, and every statement of
 /// the transaction is planned under [`INDEX_PROBES_ONLY_SQL`].
+#[tracing::instrument(name = "db.commit.lock_and_read", level = "debug", skip_all)]
 pub async fn lock_and_read(
     tx: &Transaction<'_>,
     client_ids: &[String],
@@ -115,6 +117,7 @@ pub async fn lock_and_read(
 /// [`lock_and_read`] reads, without the lock and the head, in one round trip. A row lock the
 /// transaction would wait for longer than a second fails it instead: it may belong to a commit
 /// that waits for this one's predecessor, a wait PostgreSQL cannot see.
+#[tracing::instrument(name = "db.commit.read_ahead", level = "debug", skip_all)]
 pub async fn read_ahead(
     tx: &Transaction<'_>,
     client_ids: &[String],
@@ -184,6 +187,7 @@ fn current_states(rows: &[tokio_postgres::Row]) -> DbResult<HashMap<String, Curr
 /// statements, so that the base is read in a snapshot taken after the lock). True when the lock
 /// is held and the base is `expected`: nothing was committed since the commit this one wrote ahead
 /// of.
+#[tracing::instrument(name = "db.commit.try_lock_at", level = "debug", skip_all)]
 pub async fn try_lock_at(tx: &Transaction<'_>, expected: Base) -> DbResult<bool> {
     let (try_lock, head) = futures_util::try_join!(
         tx.prepare_cached(records::TRY_LOCK_SQL),
@@ -198,6 +202,7 @@ pub async fn try_lock_at(tx: &Transaction<'_>, expected: Base) -> DbResult<bool>
 /// The writes of a plan made ahead of the lock, for a batch of new records only: revisions, the
 /// records' rows and the transmission results, none of which another commit of this process
 /// writes (the change log only writes ahead a batch disjoint from the commit before it).
+#[tracing::instrument(name = "db.commit.write_ahead", level = "debug", skip_all)]
 pub async fn write_ahead(
     db: &Transaction<'_>,
     pushes: &[&Push],
@@ -217,8 +222,9 @@ pub async fn write_ahead(
 }
 
 /// What a plan written ahead still has to write once it holds the lock: the kept statistics
-/// (rows every commit updates) and the head.
-pub async fn finish_ahead(db: &Transaction<'_>, plan: &Plan<'_>) -> DbResult<()> {
+/// and the pushers' write marks (rows every commit may update) and the head.
+#[tracing::instrument(name = "db.commit.finish_ahead", level = "debug", skip_all)]
+pub async fn finish_ahead(db: &Transaction<'_>, pushes: &[&Push], plan: &Plan<'_>) -> DbResult<()> {
     let counts = stats::count_changes(
         db,
         &[],
@@ -234,8 +240,20 @@ pub async fn finish_ahead(db: &Transaction<'_>, plan: &Plan<'_>) -> DbResult<()>
         }
         Ok(())
     };
-    futures_util::try_join!(counts, head)?;
+    let pushers = pushers(pushes);
+    let marks = marks::mark_changes(db, &pushers, plan.head);
+    futures_util::try_join!(counts, head, marks)?;
     Ok(())
+}
+
+/// The users whose pushes a commit answers, sorted and each once: the group's head becomes their
+/// write mark (src/db/marks.rs), since the whole group becomes visible at once. Marked with the
+/// head, under the change-log lock, in the round trip that moves it.
+fn pushers<'a>(pushes: &[&'a Push]) -> Vec<&'a str> {
+    let mut users: Vec<&str> = pushes.iter().map(|p| p.pushed_by.as_str()).collect();
+    users.sort_unstable();
+    users.dedup();
+    users
 }
 
 /// The revisions of a plan that become current states: every one no later revision replaces.
@@ -287,6 +305,7 @@ fn rows_of<'a>(plan: &Plan<'a>, synced_at: DateTime<Utc>) -> Rows<'a> {
 /// Two round trips and the COPY whatever the batch: the statements are prepared once per
 /// connection, and those that do not wait for each other are pipelined (PostgreSQL runs them in
 /// the order sent; each group is sent only after the one before it has answered).
+#[tracing::instrument(name = "db.commit.write_plan", level = "debug", skip_all)]
 pub async fn write_plan(
     db: &Transaction<'_>,
     pushes: &[&Push],
@@ -343,7 +362,9 @@ pub async fn write_plan(
         }
         Ok(())
     };
-    futures_util::try_join!(update, insert_transmissions(db, pushes, plan), head)?;
+    let pushers = pushers(pushes);
+    let marks = marks::mark_changes(db, &pushers, plan.head);
+    futures_util::try_join!(update, insert_transmissions(db, pushes, plan), head, marks)?;
     phases.lap("update_transmissions_head");
     Ok(())
 }
@@ -371,6 +392,7 @@ async fn insert_revision_rows(db: &impl GenericClient, rows: &Rows<'_>) -> DbRes
 }
 
 /// Stores the results of the plan's named transmissions, for idempotent replay.
+#[tracing::instrument(name = "db.commit.insert_transmissions", level = "debug", skip_all)]
 pub async fn insert_transmissions(
     db: &impl GenericClient,
     pushes: &[&Push],

@@ -38,6 +38,7 @@ const VIEW_SQL: &str = "SELECT h.head, coalesce(m.change_id, 0), coalesce(m.writ
      FROM change_head h LEFT JOIN write_marks m ON m.username = $1";
 
 /// Marks `usernames` with a change-numbered write at `change_id`; see [`MARK_CHANGES_SQL`].
+#[tracing::instrument(name = "db.marks.mark_changes", level = "debug", skip_all)]
 pub async fn mark_changes(db: &impl GenericClient, usernames: &[&str], change_id: i64) -> DbResult<()> {
     if usernames.is_empty() {
         return Ok(());
@@ -48,6 +49,7 @@ pub async fn mark_changes(db: &impl GenericClient, usernames: &[&str], change_id
 }
 
 /// Counts one write of `username` that is not change-numbered; call it in the write's transaction.
+#[tracing::instrument(name = "db.marks.mark_write", level = "debug", skip_all)]
 pub async fn mark_write(db: &impl GenericClient, username: &str) -> DbResult<()> {
     db.execute(MARK_WRITE_SQL, &[&username]).await?;
     Ok(())
@@ -55,6 +57,7 @@ pub async fn mark_write(db: &impl GenericClient, username: &str) -> DbResult<()>
 
 /// The change head and `username`'s mark (zeros without one): on the primary, before a read by
 /// `username` is served by a replica.
+#[tracing::instrument(name = "db.marks.primary_view", level = "debug", skip_all)]
 pub async fn primary_view(db: &impl GenericClient, username: &str) -> DbResult<PrimaryView> {
     let statement = db.prepare_cached(VIEW_SQL).await?;
     let row = db.query_one(&statement, &[&username]).await?;
@@ -63,6 +66,7 @@ pub async fn primary_view(db: &impl GenericClient, username: &str) -> DbResult<P
 
 /// The change head and `username`'s count of other writes as a replica shows them, for a read
 /// waiting for that replica to catch up.
+#[tracing::instrument(name = "db.marks.replica_progress", level = "debug", skip_all)]
 pub async fn replica_progress(db: &impl GenericClient, username: &str) -> DbResult<(i64, i64)> {
     let statement = db.prepare_cached(VIEW_SQL).await?;
     let row = db.query_one(&statement, &[&username]).await?;

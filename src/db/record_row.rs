@@ -260,6 +260,7 @@ pub static ARCHIVE_SQL: LazyLock<String> = LazyLock::new(|| {
 
 /// Writes the rows of `rows` at `indexes` (every row when `None`) into a COPY started with
 /// [`COPY_SQL`].
+#[tracing::instrument(name = "db.record_row.copy_rows", level = "debug", skip_all)]
 pub async fn copy_rows(
     sink: CopyInSink<bytes::Bytes>,
     rows: &Rows<'_>,

@@ -93,6 +93,7 @@ impl PageRows {
 /// which carries the head. While no scope set is in force (and for admins) that is every change;
 /// otherwise, or while the user has redeliveries to receive, the statement says so in its last
 /// column and the page is read as `scope::pull` reads it, in a snapshot of its own.
+#[tracing::instrument(name = "db.records.pull_page", level = "debug", skip_all)]
 pub async fn pull_page(
     db: Object,
     (username, client_id): (&str, &str),
@@ -214,15 +215,18 @@ pub struct Head {
 
 /// Takes the change log's transaction-scoped advisory lock: every commit that allocates change_ids
 /// holds it, so ids are assigned in commit order across every process sharing the database.
+#[tracing::instrument(name = "db.records.lock_change_log", level = "debug", skip_all)]
 pub async fn lock_change_log(db: &impl GenericClient) -> DbResult<()> {
     db.execute(LOCK_SQL, &[&CHANGELOG_LOCK]).await?;
     Ok(())
 }
 
+#[tracing::instrument(name = "db.records.head", level = "debug", skip_all)]
 pub async fn head(db: &impl GenericClient) -> DbResult<i64> {
     Ok(db.query_one("SELECT head FROM change_head", &[]).await?.get(0))
 }
 
+#[tracing::instrument(name = "db.records.head_and_generation", level = "debug", skip_all)]
 pub async fn head_and_generation(db: &impl GenericClient) -> DbResult<Head> {
     let row = db.query_one(HEAD_SQL, &[]).await?;
     Ok(Head { change_id: row.get(0), repository_generation: row.get(1) })
@@ -231,6 +235,7 @@ pub async fn head_and_generation(db: &impl GenericClient) -> DbResult<Head> {
 /// Empties the repository in the caller's transaction (docs/api.md §17.3): observations, their history,
 /// transmission results and attachment records go; the change sequence continues; the generation
 /// rises. Returns the new head state.
+#[tracing::instrument(name = "db.records.reset_repository", level = "debug", skip_all)]
 pub async fn reset_repository(db: &impl GenericClient) -> DbResult<Head> {
     db.batch_execute(
         "DELETE FROM record_revisions; DELETE FROM records; DELETE FROM transmissions; DELETE FROM attachments;
@@ -248,11 +253,13 @@ pub async fn reset_repository(db: &impl GenericClient) -> DbResult<Head> {
     Ok(Head { change_id: row.get(0), repository_generation: row.get(1) })
 }
 
+#[tracing::instrument(name = "db.records.set_head", level = "debug", skip_all)]
 pub async fn set_head(db: &impl GenericClient, head: i64) -> DbResult<()> {
     db.execute(SET_HEAD_SQL, &[&head]).await?;
     Ok(())
 }
 
+#[tracing::instrument(name = "db.records.purge_transmissions", level = "debug", skip_all)]
 pub async fn purge_transmissions(db: &impl GenericClient, retention_days: u32) -> DbResult<u64> {
     Ok(db
         .execute(
@@ -276,6 +283,7 @@ pub enum Owner<'a> {
     User(&'a str),
 }
 
+#[tracing::instrument(name = "db.records.list_observations", level = "debug", skip_all)]
 pub async fn list_observations(
     db: &impl GenericClient,
     owner: Owner<'_>,
@@ -343,6 +351,7 @@ pub async fn list_observations(
     Ok((head, records))
 }
 
+#[tracing::instrument(name = "db.records.find_observation", level = "debug", skip_all)]
 pub async fn find_observation(db: &impl GenericClient, id: &str) -> DbResult<Option<OwnedRecord>> {
     let sql = format!("SELECT {}, created_by FROM records WHERE id = $1", RECORD_COLUMNS.as_str());
     db.query_opt(&sql, &[&id])
@@ -363,6 +372,7 @@ pub struct Revision {
 
 /// Revisions newest first (the current state, then the superseded ones), strictly older than
 /// `before` when given, at most `limit + 1`.
+#[tracing::instrument(name = "db.records.history", level = "debug", skip_all)]
 pub async fn history(
     db: &impl GenericClient,
     id: &str,
@@ -399,6 +409,7 @@ pub async fn history(
         .collect()
 }
 
+#[tracing::instrument(name = "db.records.record_exists", level = "debug", skip_all)]
 pub async fn record_exists(db: &impl GenericClient, id: &str) -> DbResult<bool> {
     Ok(db.query_opt("SELECT 1 FROM records WHERE id = $1", &[&id]).await?.is_some())
 }

@@ -26,6 +26,19 @@ pub fn current() -> String {
     REQUEST_ID.try_with(|id| id.clone()).unwrap_or_else(|_| accept_or_generate(None))
 }
 
+/// The current request's id, when there is a request.
+pub fn try_current() -> Option<String> {
+    REQUEST_ID.try_with(|id| id.clone()).ok()
+}
+
+/// Runs `f` as part of the request `id` (an actor handling a request's message).
+pub fn sync_scope<R>(id: Option<String>, f: impl FnOnce() -> R) -> R {
+    match id {
+        Some(id) => REQUEST_ID.sync_scope(id, f),
+        None => f(),
+    }
+}
+
 pub async fn scope<F: std::future::Future>(id: String, fut: F) -> F::Output {
     REQUEST_ID.scope(id, fut).await
 }

@@ -96,7 +96,8 @@ fn descends<'a>(by_id: &HashMap<&[u8], &'a Span>, mut span: &'a Span, ancestor: 
 }
 
 /// A request's span carries its request id, and the database, storage and actor calls made for it
-/// arrive as its descendants, in the same trace; the resource names the service and the node.
+/// arrive as its descendants, in the same trace; a group commit's span lists the request ids of
+/// its pushes and links to their spans; the resource names the service and the node.
 #[actix_web::test]
 async fn spans_reach_an_otlp_collector_with_their_request_and_database_calls() {
     let (url, received, receiver) = receiver().await;
@@ -128,6 +129,7 @@ async fn spans_reach_an_otlp_collector_with_their_request_and_database_calls() {
         ("otel-stats", "db.stats.observation_stats"),
         ("otel-upload", "attachment store: Store"),
         ("otel-upload", "storage.put_file"),
+        ("otel-push", "change log: Push"),
     ];
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -150,6 +152,35 @@ async fn spans_reach_an_otlp_collector_with_their_request_and_database_calls() {
                 .collect();
             panic!("not exported: {missing:?}; spans: {names:?}; log: {}", server.log_text());
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The group commit that answered the push names its request and links to the push's span;
+    // the commit's database calls are inside it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = {
+            let received = received.lock().unwrap();
+            let spans = &received.spans;
+            let by_id: HashMap<&[u8], &Span> = spans.iter().map(|s| (s.span_id.as_slice(), s)).collect();
+            let push = spans.iter().find(|s| s.name == "change log: Push");
+            spans
+                .iter()
+                .filter(|s| s.name == "group commit")
+                .filter(|g| {
+                    attribute(g, "request_ids").is_some_and(|ids| ids.split(',').any(|id| id == "otel-push"))
+                })
+                .any(|group| {
+                    let linked = push.is_some_and(|p| group.links.iter().any(|l| l.span_id == p.span_id));
+                    let marks = spans
+                        .iter()
+                        .any(|s| s.name == "db.marks.mark_changes" && descends(&by_id, s, &group.span_id));
+                    linked && marks
+                })
+        };
+        if found {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no group commit span for the push; log: {}", server.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     {

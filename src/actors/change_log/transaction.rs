@@ -8,6 +8,7 @@ use std::time::Instant;
 use chrono::{SubsecRound, Utc};
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 
 use super::scheduler::{Done, GroupId};
 use super::{AttachmentCommit, CommitError, Event, Job, Pending, PushOutcome, Report};
@@ -73,6 +74,19 @@ type Answer = Result<PushOutcome, CommitError>;
 /// database being away, its pushes go back to the scheduler, which commits each alone so that
 /// one bad push cannot fail the others.
 pub(super) async fn push_group(pool: Pool, batch: Vec<Pending>, ahead: Option<Ahead>, reporter: Reporter) {
+    // One span for the group, naming the requests whose pushes it commits and linked to each
+    // push's span: a push's trace leads to the commit that answered it, and back.
+    let request_ids: Vec<&str> = batch.iter().filter_map(|p| p.request_id.as_deref()).collect();
+    let span = tracing::info_span!(parent: None, "group commit", pushes = batch.len(),
+        records = batch.iter().map(|p| p.push.records.len()).sum::<usize>(),
+        written_ahead = ahead.is_some(), request_ids = %request_ids.join(","));
+    for pending in &batch {
+        span.follows_from(&pending.span);
+    }
+    commit_group(pool, batch, ahead, reporter).instrument(span).await
+}
+
+async fn commit_group(pool: Pool, batch: Vec<Pending>, ahead: Option<Ahead>, reporter: Reporter) {
     crate::monitoring::group_commit(batch.len());
     let mut phases = phases_of(&batch);
     let result = {
@@ -264,7 +278,7 @@ async fn commit_ahead(
         return Ok(None);
     }
     phases.lap("lock");
-    commit::finish_ahead(&tx, &plan).await?;
+    commit::finish_ahead(&tx, pushes, &plan).await?;
     phases.lap("statistics_head");
     reporter.wrote();
     tx.commit().await?;
