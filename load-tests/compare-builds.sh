@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Two server builds in one interleaved run: each round measures build A, then build B, on fresh
-# data roots, so that whatever else the machine does lands on both alike (BENCHMARKS.md, "Before
-# and after the second structural step"). Per build and round: a push storm of 64 devices and one
-# of 500 (each on a fresh database, after a warm-up storm), the initial sync of RECORDS records
-# (server-side rate, warm: the second of two pulls), and a Parquet export of them.
+# data roots, so that whatever else the machine does lands on both alike. Per build and round: a
+# push storm of 64 devices and one of 500 (each on a fresh database, after a warm-up storm), the
+# initial sync of RECORDS records (server-side rate, warm: the second of two pulls), and a
+# Parquet export of them.
 #
 #   load-tests/compare-builds.sh A_BIN B_BIN LOAD_BIN WORK_DIR PORT [ROUNDS]
 #
