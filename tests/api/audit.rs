@@ -2,13 +2,11 @@
 //! from which IP and in which request; the table is append-only at the database; the listing's
 //! filters, page tokens and role rule.
 
-use std::time::{Duration, Instant};
-
 use reqwest::multipart::{Form, Part};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, small_bundle, TestApp, ADMIN_PASSWORD, JWT_SECRET};
+use crate::helpers::{assert_error, small_bundle, wait_for_job, TestApp, ADMIN_PASSWORD, JWT_SECRET};
 
 /// Sends a JSON request carrying `x-request-id: rid`; returns status and body.
 async fn call_as(
@@ -82,18 +80,6 @@ fn the_entry<'a>(
     assert!(entry["node"].as_str().is_some_and(|n| !n.is_empty()), "{entry}");
     assert!(entry["at"].as_str().is_some_and(|t| t.ends_with('Z')), "{entry}");
     entry
-}
-
-async fn wait_for_job(app: &TestApp, token: &str, id: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (_, body) = app.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(token), None).await;
-        if body["state"] == "done" {
-            return;
-        }
-        assert!(Instant::now() < deadline && body["state"] != "failed", "job: {body}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[actix_web::test]
@@ -173,7 +159,8 @@ async fn every_audited_action_leaves_one_entry_with_actor_ip_and_request_id() {
     let (status, body) = call_as(&app, "r-job", Method::POST, "/dataexport/jobs", admin_, Some(job)).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let job_id = body["job_id"].as_str().unwrap().to_string();
-    wait_for_job(&app, &admin, &job_id).await;
+    let job = wait_for_job(&app, &admin, &job_id).await;
+    assert_eq!(job["state"], "done", "{job}");
     let download = format!("/dataexport/jobs/{job_id}/download");
     assert_eq!(call_as(&app, "r-download", Method::GET, &download, admin_, None).await.0, StatusCode::OK);
 

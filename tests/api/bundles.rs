@@ -9,16 +9,11 @@ use std::time::{Duration, Instant};
 use reqwest::multipart::Form;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
-use crate::helpers::{assert_error, small_bundle, zip_bytes, TestApp};
+use crate::helpers::{assert_error, sha256_hex, small_bundle, zip_bytes, TestApp};
 
 const BUNDLE01: &[u8] = include_bytes!("../fixtures/upstream/valid_bundle01.zip");
 const BUNDLE02: &[u8] = include_bytes!("../fixtures/upstream/valid_bundle02.zip");
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
 
 fn zip_files(bytes: &[u8]) -> HashMap<String, Vec<u8>> {
     let mut archive = zip::ZipArchive::new(Cursor::new(bytes)).expect("fixture zip");

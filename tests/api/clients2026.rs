@@ -3,7 +3,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, TestApp};
+use crate::helpers::{assert_error, sha256_hex, TestApp};
 
 fn header(res: &reqwest::Response, name: &str) -> Option<String> {
     res.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
@@ -189,11 +189,6 @@ async fn ode_version_gate_runs_before_auth() {
         .await
         .expect("req");
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(bytes))
 }
 
 fn unzip(bytes: &[u8]) -> std::collections::BTreeMap<String, Vec<u8>> {

@@ -2,13 +2,11 @@
 //! that accepts it and decode to the plain body; a client that names no encoding gets the same
 //! bytes as ever; downloads are never encoded.
 
-use std::io::Read;
-
 use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{small_bundle, TestApp};
+use crate::helpers::{gunzip, small_bundle, TestApp};
 
 /// Pushes `n` records with enough data that a page is well over the compression threshold.
 async fn seed(app: &TestApp, token: &str, n: usize) {
@@ -43,12 +41,6 @@ async fn fetch(
     let res = req.send().await.expect("request");
     let (status, headers) = (res.status(), res.headers().clone());
     (status, headers, res.bytes().await.expect("body").to_vec())
-}
-
-fn gunzip(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(bytes).read_to_end(&mut out).expect("a valid gzip stream");
-    out
 }
 
 fn encoding(headers: &HeaderMap) -> Option<&str> {

@@ -11,7 +11,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, TestApp};
+use crate::helpers::{assert_error, header, wait_for_job, TestApp};
 
 /// A direct connection to the test app's database.
 async fn db(app: &TestApp) -> tokio_postgres::Client {
@@ -100,10 +100,6 @@ pub(crate) async fn insert_bulk(db: &tokio_postgres::Client, n: i64, pad: usize)
 
 async fn get(app: &TestApp, path: &str, token: &str) -> reqwest::Response {
     app.send(Method::GET, path, Some(token), None).await
-}
-
-fn header<'a>(res: &'a reqwest::Response, name: &str) -> &'a str {
-    res.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
 
 /// The entries of a ZIP body as (name, compression, bytes), in archive order.
@@ -482,21 +478,6 @@ async fn raw_json_has_one_file_per_live_observation() {
     assert_eq!(h1["tags"], json!(["x", "y"]));
     assert_eq!(h1["geolocation"]["latitude"], -1.5);
     assert_eq!(h1["deleted"], false);
-}
-
-/// Polls a job until it leaves queued/running.
-async fn wait_for_job(app: &TestApp, token: &str, id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (status, body) =
-            app.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(token), None).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        if body["state"] == "done" || body["state"] == "failed" {
-            return body;
-        }
-        assert!(Instant::now() < deadline, "job did not finish: {body}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[actix_web::test]

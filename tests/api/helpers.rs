@@ -556,3 +556,35 @@ pub fn assert_error(status: StatusCode, body: &Value, expected_status: u16, code
     assert_eq!(body["message"], body["detail"]);
     assert!(body["request_id"].as_str().is_some_and(|s| !s.is_empty()));
 }
+
+/// A response header as text, "" when it is absent or not text.
+pub fn header(res: &reqwest::Response, name: impl reqwest::header::AsHeaderName) -> &str {
+    res.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+}
+
+pub fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes).read_to_end(&mut out).expect("a valid gzip stream");
+    out
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Polls an export job until it leaves queued/running (60 s at most); answers its last state.
+pub async fn wait_for_job(app: &TestApp, token: &str, id: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) =
+            app.call(Method::GET, &format!("/dataexport/jobs/{id}"), Some(token), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if body["state"] == "done" || body["state"] == "failed" {
+            return body;
+        }
+        assert!(std::time::Instant::now() < deadline, "job did not finish: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -5,16 +5,12 @@ use reqwest::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH, 
 use reqwest::{redirect, Method, StatusCode};
 use serde_json::Value;
 
-use crate::helpers::{assert_error, TestApp};
+use crate::helpers::{assert_error, header, TestApp};
 
 const BROWSER_ACCEPT: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
 
 fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder().redirect(redirect::Policy::none()).build().expect("client")
-}
-
-fn header(res: &reqwest::Response, name: impl reqwest::header::AsHeaderName) -> &str {
-    res.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
 
 #[actix_web::test]

@@ -2,7 +2,6 @@
 //! sent chunked, in every dialect and with gzip, holding the same records as small sized pages;
 //! a database failure before the first bytes is an error answer, after them a broken body.
 
-use std::io::Read;
 use std::time::{Duration, Instant};
 
 use rand::distributions::Alphanumeric;
@@ -11,7 +10,7 @@ use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::TestApp;
+use crate::helpers::{gunzip, TestApp};
 
 /// A pull page larger than this is streamed (`CHUNK` in src/http/pull_body.rs).
 const CHUNK: usize = 128 * 1024;
@@ -56,12 +55,6 @@ async fn fetch(
     let res = req.send().await.expect("request");
     let (status, headers) = (res.status(), res.headers().clone());
     (status, headers, res.bytes().await.expect("a complete body").to_vec())
-}
-
-fn gunzip(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(bytes).read_to_end(&mut out).expect("a valid gzip stream");
-    out
 }
 
 /// The records of a page in any dialect.
