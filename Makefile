@@ -5,7 +5,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 TEST_PG_DIR ?= /tmp/synkronus-test-pg
 
-.PHONY: run cluster nginx-dep test deps test-deps build release stop-test-cluster portal-test api-fuzz deny \
+.PHONY: run cluster nginx-dep test deps test-deps build release stop-test-cluster portal-test api-fuzz deny scope-soak \
 	image-deps image image-test deb dist
 
 ## Installs PostgreSQL when it is missing: the server runs a private cluster with its binaries.
@@ -114,6 +114,15 @@ portal-test: test-deps
 api-fuzz: test-deps
 	$(CARGO) build --bin synkronus
 	scripts/schemathesis.sh $(TARGET_DIR)/debug/synkronus
+
+## The scoped-sync soak (docs/api.md §20.5; not part of `make test`): the model of
+## tests/api/scope_model.rs for SCOPE_SOAK_MINUTES (default 30) against two server processes on one
+## PostgreSQL and its hot-standby read replica; prints a summary each minute and at the end, and
+## fails on any violation. SCOPE_MODEL_SEED picks another seed.
+SCOPE_SOAK_MINUTES ?= 30
+scope-soak: deps
+	SCOPE_SOAK_MINUTES=$(SCOPE_SOAK_MINUTES) $(CARGO) test --test api -- \
+		scope_model::soak_two_nodes_and_a_read_replica --exact --ignored --nocapture
 
 stop-test-cluster:
 	@pg_ctl=$$(command -v pg_ctl || ls -d /usr/lib/postgresql/*/bin/pg_ctl 2>/dev/null | sort -V | tail -n 1); \

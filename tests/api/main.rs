@@ -28,6 +28,7 @@ mod portal;
 mod pull_stream;
 mod replica;
 mod resilience;
+mod scope_model;
 mod scopes;
 mod shutdown;
 mod stats;
