@@ -152,10 +152,6 @@ async fn pull_page(
             page.head.change_id
         }
     };
-    if pull.after == 0 {
-        // The device holds nothing: earlier redeliveries are not its own (docs/architecture.md).
-        crate::db::scope::devices::started_fresh(&st.pool.get().await?, username, &pull.client_id).await?;
-    }
     let span = tracing::Span::current();
     let served = st
         .reads
@@ -166,6 +162,13 @@ async fn pull_page(
     let generation = served.value.head.repository_generation;
     if client_generation.is_some_and(|g| g != generation) {
         return Err(ApiError::reset_required(generation));
+    }
+    if pull.after == 0 {
+        // The device holds nothing: the redeliveries this page's snapshot shows are not its own
+        // (docs/architecture.md). The snapshot's head, not the primary's: a replica may be behind.
+        let head = served.value.head.change_id;
+        crate::db::scope::devices::started_fresh(&st.pool.get().await?, username, &pull.client_id, head)
+            .await?;
     }
     Ok((served.value, served.by))
 }

@@ -740,3 +740,47 @@ async fn a_scoped_user_reads_their_own_writes_through_a_paused_replica() {
     assert!(body["records"].as_array().is_some_and(Vec::is_empty), "{body}");
     pair.resume_replay().await;
 }
+
+/// A device that starts over (cursor 0) on a replica that has not replayed a change of the scope
+/// set yet receives what that change moves on its next sync (S2, S3): the redeliveries it may skip
+/// are those its first page's snapshot already showed, not those the primary held at that moment
+/// (docs/architecture.md, "Scoped sync").
+#[actix_web::test]
+async fn a_device_starting_over_on_a_replica_behind_a_set_change_receives_the_change() {
+    use crate::scopes::{push, record, set_rules, Device};
+    let pair = ReplicaPair::start().await;
+    let app = server(&pair).await;
+    wait_in_rotation(&app, Duration::from_secs(30)).await;
+    let admin = app.admin_token().await;
+    let worker = app.user_token(&admin, "worker", "read-write").await;
+    let rules = |district: &str| {
+        json!([{"name": "one district's households", "applies_to": {"roles": ["read-write"]},
+                "form_types": ["household"], "where": {"field": "district", "equals": district}}])
+    };
+    set_rules(&app, &admin, rules("north")).await;
+    let households = vec![
+        record("h-north", "household", json!({"district": "north"})),
+        record("h-south", "household", json!({"district": "south"})),
+    ];
+    push(&app, &admin, "admin-device", households).await;
+    pair.wait_replayed().await;
+    pair.pause_replay().await;
+    set_rules(&app, &admin, rules("south")).await;
+
+    // The phone starts over; the replica answers as before the change.
+    let body = json!({"client_id": "phone", "since": {"version": 0}});
+    let res = app.send(Method::POST, "/sync/pull?limit=50", Some(&worker), Some(body)).await;
+    assert_eq!(served_by(&res), "replica");
+    let page: Value = res.json().await.expect("page");
+    assert_eq!(page["has_more"], false, "{page}");
+    assert_eq!(page["records"].as_array().map(Vec::len), Some(1), "{page}");
+    assert_eq!(page["records"][0]["observation_id"], "h-north", "{page}");
+    let mut phone = Device::new("phone");
+    phone.records.insert("h-north".into(), json!({"district": "north"}));
+    phone.cursor = page["current_version"].as_i64().expect("current_version");
+
+    pair.resume_replay().await;
+    pair.wait_replayed().await;
+    phone.sync(&app, &worker, 50).await;
+    assert_eq!(phone.ids(), ["h-south"], "{:?}", phone.records);
+}

@@ -11,15 +11,24 @@ use deadpool_postgres::GenericClient;
 
 use crate::db::DbResult;
 
-/// Notes that `client_id` of `username` starts over from cursor 0 now. A deployment that never
-/// had a scope set has no redelivery to skip, and writes nothing.
+/// Notes that `client_id` of `username` started over from cursor 0 with a page read at snapshot
+/// head `head`: that page already reflects every redelivery committed at or below it (their
+/// `base` is below `head`), and none above. The page's head, not the primary's head now, which is
+/// ahead of it when a replica answered: a redelivery between the two would be skipped although
+/// the device never read it. A deployment that never had a scope set has no redelivery to skip,
+/// and writes nothing.
 #[tracing::instrument(name = "db.scope.devices.started_fresh", level = "debug", skip_all)]
-pub async fn started_fresh(db: &impl GenericClient, username: &str, client_id: &str) -> DbResult<()> {
+pub async fn started_fresh(
+    db: &impl GenericClient,
+    username: &str,
+    client_id: &str,
+    head: i64,
+) -> DbResult<()> {
     db.execute(
         "INSERT INTO scope_devices (username, client_id, fresh_since)
-         SELECT $1, $2, head FROM change_head WHERE EXISTS (SELECT 1 FROM scope_sets)
+         SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM scope_sets)
          ON CONFLICT (username, client_id) DO UPDATE SET fresh_since = EXCLUDED.fresh_since",
-        &[&username, &client_id],
+        &[&username, &client_id, &head],
     )
     .await?;
     Ok(())
