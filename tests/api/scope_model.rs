@@ -58,6 +58,7 @@ struct Stats {
     replica_pages: usize,
     stale_syncs: usize,
     violations: usize,
+    violations_by_kind: BTreeMap<&'static str, usize>,
 }
 
 struct DeviceState {
@@ -126,8 +127,8 @@ fn refusals(body: &Value) -> (BTreeSet<String>, Vec<Value>) {
     let mut ids = BTreeSet::new();
     let mut other = Vec::new();
     for item in body["failed_records"].as_array().into_iter().flatten() {
-        let id = item.get("id").or_else(|| item.get("observation_id")).and_then(Value::as_str);
-        match (item["code"].as_str(), id) {
+        let id = item["id"].as_str();
+        match (item["error"].as_str(), id) {
             (Some("OUT_OF_SCOPE"), Some(id)) => {
                 ids.insert(id.to_string());
             }
@@ -254,8 +255,10 @@ impl Driver {
         }
     }
 
-    fn violation(&mut self, what: String) {
+    /// A violation of the rule `kind` names (counted by kind in the summary).
+    fn violation(&mut self, kind: &'static str, what: String) {
         self.stats.violations += 1;
+        *self.stats.violations_by_kind.entry(kind).or_default() += 1;
         let mut message = format!("VIOLATION (seed {}, step {}): {what}", self.seed, self.step);
         for log in &self.logs {
             let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -470,12 +473,12 @@ impl Driver {
         body: &Value,
     ) -> BTreeSet<String> {
         if status != StatusCode::OK {
-            self.violation(format!("push by {pusher} answered {status}: {body}"));
+            self.violation("push", format!("push by {pusher} answered {status}: {body}"));
             return ops.iter().map(|op| op.id.clone()).collect();
         }
         let (refused, other) = refusals(body);
         if !other.is_empty() {
-            self.violation(format!("push by {pusher}: unexpected failed_records {other:?}"));
+            self.violation("push", format!("push by {pusher}: unexpected failed_records {other:?}"));
         }
         let predicted: BTreeSet<String> =
             ops.iter().filter(|op| op.refused).map(|op| op.id.clone()).collect();
@@ -489,7 +492,7 @@ impl Driver {
                 state.set.as_deref().map_or(Value::Null, rules_json),
                 describe_records(state, pusher, &wrong)
             );
-            self.violation(message);
+            self.violation("push", message);
         }
         self.stats.refused += refused.len();
         refused
@@ -544,10 +547,10 @@ impl Driver {
                 return;
             }
             if pages > 100_000 {
-                self.violation(format!(
-                    "device {} never reaches has_more = false",
-                    self.devices[device].client_id
-                ));
+                self.violation(
+                    "P3",
+                    format!("device {} never reaches has_more = false", self.devices[device].client_id),
+                );
                 return;
             }
         }
@@ -578,7 +581,7 @@ impl Driver {
         let context = format!("{user}'s device {client_id} (cursor {after}, limit {limit}, {})", api.base);
         self.trace(|| format!("page of {context}: {page}"));
         if status != StatusCode::OK {
-            self.violation(format!("pull of {context} answered {status}: {page}"));
+            self.violation("pull answer", format!("pull of {context} answered {status}: {page}"));
             self.reset_device(device);
             return false;
         }
@@ -586,7 +589,7 @@ impl Driver {
         let (Some(cutoff), Some(current), Some(has_more)) =
             (page["change_cutoff"].as_i64(), page["current_version"].as_i64(), page["has_more"].as_bool())
         else {
-            self.violation(format!("pull of {context}: not a page: {page}"));
+            self.violation("pull answer", format!("pull of {context}: not a page: {page}"));
             self.reset_device(device);
             return false;
         };
@@ -619,9 +622,6 @@ impl Driver {
         if current < after {
             problems.push(format!("current_version {current} below the cursor {after}"));
         }
-        if let Some(pushed) = self.last_push.get(&user).filter(|pushed| current < **pushed) {
-            problems.push(format!("current_version {current} below the user's last push, at {pushed}"));
-        }
         if has_more && (cutoff <= after || cutoff < 1) {
             problems.push(format!("P3: has_more with change_cutoff {cutoff} after {after}"));
         }
@@ -629,14 +629,24 @@ impl Driver {
             problems.push("next_page_token present exactly when has_more".to_string());
         }
         if !problems.is_empty() {
-            self.violation(format!("pull of {context}: {problems:?}\n  page: {page}"));
+            self.violation("P1-P4", format!("pull of {context}: {problems:?}\n  page: {page}"));
             self.reset_device(device);
             return false;
         }
 
+        // Read your writes (§18.3): a failure here leaves the page's other checks meaningful.
+        if let Some(&pushed) = self.last_push.get(&user).filter(|pushed| current < **pushed) {
+            self.violation(
+                "read your writes",
+                format!(
+                    "pull of {context}: current_version {current} below the user's last push, at {pushed}"
+                ),
+            );
+        }
+
         // S1 per row: live only if visible, with its current data; a tombstone only if not.
         if let Err(message) = self.rows_match(&user, current, &rows) {
-            self.violation(format!("pull of {context}, current_version {current}: {message}"));
+            self.violation("S1", format!("pull of {context}, current_version {current}: {message}"));
         }
         self.stats.rows += rows.len();
         let d = &mut self.devices[device];
@@ -661,9 +671,10 @@ impl Driver {
         d.cursor = current;
         d.seen.clear();
         if let Err(message) = self.store_matches(device, current) {
-            self.violation(format!(
-                "after a complete sync of {context}, current_version {current}: {message}"
-            ));
+            self.violation(
+                "S3",
+                format!("after a complete sync of {context}, current_version {current}: {message}"),
+            );
             self.reset_device(device);
         }
         false
@@ -769,7 +780,8 @@ impl Driver {
     /// `GET /observations/{id}` (§20.4): the record as it is when the caller may see it (deleted or
     /// not), else 404 as if absent.
     async fn read_one(&mut self) {
-        let Some(id) = self.model.state.records.keys().nth(self.gen.below(self.model.state.records.len().max(1)))
+        let Some(id) =
+            self.model.state.records.keys().nth(self.gen.below(self.model.state.records.len().max(1)))
         else {
             return;
         };
@@ -792,7 +804,7 @@ impl Driver {
                 describe_user(state, &user),
                 describe_records(state, &user, &[&id])
             );
-            self.violation(message);
+            self.violation("GET /observations/{id}", message);
         }
     }
 
@@ -803,7 +815,7 @@ impl Driver {
         let body = json!({"attributes": facts.attributes_json()});
         let (status, answer) = self.call(ADMIN, Method::PUT, &format!("/users/{user}"), Some(body)).await;
         if status != StatusCode::OK || answer["attributes"] != facts.attributes_json() {
-            self.violation(format!("attributes of {user}: {status} {answer}"));
+            self.violation("admin", format!("attributes of {user}: {status} {answer}"));
             return;
         }
         self.trace(|| format!("attributes of {user}: {}", facts.attributes_json()));
@@ -823,7 +835,7 @@ impl Driver {
         let body = json!({"role": role.name()});
         let (status, answer) = self.call(ADMIN, Method::PUT, &format!("/users/{user}"), Some(body)).await;
         if status != StatusCode::OK || answer["role"] != role.name() {
-            self.violation(format!("role of {user}: {status} {answer}"));
+            self.violation("admin", format!("role of {user}: {status} {answer}"));
             return;
         }
         self.trace(|| format!("role of {user}: {}", role.name()));
@@ -1006,7 +1018,7 @@ impl Driver {
              {} records; {} complete syncs, {} stopped half-way, {} pages ({} from the replica), {} rows \
              ({} tombstones, {} repeated within a sync), {} syncs matched a state behind the newest; \
              {} attribute changes, {} role changes, {} set changes, {} removals, {} set changes during \
-             pushes ({} pushes acknowledged while preparing); {} violations",
+             pushes ({} pushes acknowledged while preparing); {} violations {:?}",
             self.seed,
             s.steps,
             started.elapsed().as_secs_f64(),
@@ -1028,7 +1040,8 @@ impl Driver {
             s.set_removals,
             s.concurrent_set_changes,
             s.pushes_while_preparing,
-            s.violations
+            s.violations,
+            s.violations_by_kind
         )
     }
 }
