@@ -32,7 +32,7 @@ use crate::helpers::{connect, Api, ChildServer, TestApp, ADMIN_PASSWORD};
 use crate::replica::ReplicaPair;
 
 const SEED: u64 = 20_260_032;
-const STEPS: usize = 360;
+const STEPS: usize = 220;
 const USERS: usize = 7;
 const PASSWORD: &str = "password-123";
 const ADMIN: &str = "admin";
