@@ -65,15 +65,16 @@ impl SchemaCache {
     ) -> DbResult<Vec<SchemaFailure>> {
         let mut failures = Vec::new();
         for (index, record) in records.iter().enumerate() {
-            let Some(data) = record.data.as_ref().filter(|_| !record.deleted && !record.form_type.is_empty())
+            let Some(data) = record.data().filter(|_| !record.deleted && !record.form_type().is_empty())
             else {
                 continue;
             };
-            let Some(validator) = self.validator(pool, &record.form_type, &record.form_version).await? else {
+            let Some(validator) = self.validator(pool, record.form_type(), record.form_version()).await?
+            else {
                 continue;
             };
             // Parsed only here, when validation is on: the push path keeps data as text.
-            let Ok(data) = serde_json::from_str::<Value>(data.get()) else {
+            let Ok(data) = serde_json::from_str::<Value>(data) else {
                 continue;
             };
             let errors: Vec<Value> = validator
@@ -82,7 +83,7 @@ impl SchemaCache {
                 .map(|e| json!({"path": e.instance_path().to_string(), "message": e.to_string()}))
                 .collect();
             if !errors.is_empty() {
-                failures.push(SchemaFailure { index, record_id: record.id.clone(), errors });
+                failures.push(SchemaFailure { index, record_id: record.id().to_string(), errors });
             }
         }
         Ok(failures)

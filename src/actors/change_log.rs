@@ -108,7 +108,7 @@ impl Queued for Pending {
 
     fn keys(&self) -> impl Iterator<Item = u64> + '_ {
         let push = &self.push;
-        let records = push.records.iter().map(|r| hash_of(&(0u8, r.id.as_str())));
+        let records = push.records.iter().map(|r| hash_of(&(0u8, r.id())));
         let transmission =
             push.transmission_id.as_deref().map(|t| hash_of(&(1u8, push.client_id.as_str(), t)));
         records.chain(transmission)

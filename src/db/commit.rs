@@ -210,11 +210,10 @@ pub async fn write_ahead(
     synced_at: DateTime<Utc>,
     phases: &mut CommitPhases,
 ) -> DbResult<()> {
-    let rows = rows_of(plan, synced_at);
     if !plan.superseded_in_batch.is_empty() {
-        insert_revision_rows(db, &rows.select(&plan.superseded_in_batch)).await?;
+        insert_revision_rows(db, &rows_of(plan, &plan.superseded_in_batch, synced_at)).await?;
     }
-    copy_rows_at(db, &rows, &current_revisions(plan)).await?;
+    copy_rows_at(db, plan, &current_revisions(plan), synced_at).await?;
     phases.lap("copy");
     insert_transmissions(db, pushes, plan).await?;
     phases.lap("transmissions");
@@ -230,7 +229,7 @@ pub async fn finish_ahead(db: &Transaction<'_>, pushes: &[&Push], plan: &Plan<'_
         &[],
         current_revisions(plan).into_iter().map(|i| {
             let r = &plan.revisions[i];
-            (r.record.form_type.as_str(), r.created_at, r.record.deleted)
+            (r.record.form_type(), r.created_at, r.record.deleted)
         }),
     );
     let head = async {
@@ -265,26 +264,28 @@ fn current_revisions(plan: &Plan<'_>) -> Vec<usize> {
     (0..plan.revisions.len()).filter(|&i| !superseded[i]).collect()
 }
 
-/// The plan's revisions as record rows, in change_id order. Every value is borrowed from the
-/// pushes being committed and the states read for them: a group commit of thousands of records
-/// copies none of them.
-fn rows_of<'a>(plan: &Plan<'a>, synced_at: DateTime<Utc>) -> Rows<'a> {
-    let mut rows = Rows::with_capacity(plan.revisions.len());
-    for r in &plan.revisions {
+/// The plan's revisions at `indexes` as record rows. Every value is borrowed from the pushes
+/// being committed and the states read for them: a group commit of thousands of records copies
+/// none of them. Only the revisions a statement sends are made columns (some 300 bytes a row): a
+/// push of 300,000 new records is copied a chunk at a time ([`copy_rows_at`]), not as a second
+/// copy of its plan (docs/api.md §18.4).
+fn rows_of<'a>(plan: &Plan<'a>, indexes: &[usize], synced_at: DateTime<Utc>) -> Rows<'a> {
+    let mut rows = Rows::with_capacity(indexes.len());
+    for r in indexes.iter().map(|&i| &plan.revisions[i]) {
         let (rec, push) = (r.record, r.push);
         rows.push(Row {
-            id: &rec.id,
-            form_type: &rec.form_type,
-            form_version: &rec.form_version,
-            data: r.data.get(),
+            id: rec.id(),
+            form_type: rec.form_type(),
+            form_version: rec.form_version(),
+            data: r.data,
             deleted: rec.deleted,
             created_at: r.created_at,
             updated_at: r.updated_at,
             synced_at,
-            geolocation: rec.geolocation.as_deref().map(|g| JsonColumn::Text(g.get())),
-            author: rec.author.as_deref(),
-            device_id: rec.device_id.as_deref(),
-            tags: rec.tags.as_deref().map(JsonColumn::Strings),
+            geolocation: rec.geolocation().map(JsonColumn::Text),
+            author: rec.author(),
+            device_id: rec.device_id(),
+            tags: rec.tags().map(JsonColumn::Text),
             change_id: r.change_id,
             client_id: &push.client_id,
             transmission_id: push.transmission_id.as_deref(),
@@ -314,7 +315,6 @@ pub async fn write_plan(
     synced_at: DateTime<Utc>,
     phases: &mut CommitPhases,
 ) -> DbResult<()> {
-    let rows = rows_of(plan, synced_at);
     let current = current_revisions(plan);
     // First what reads the stored state of the records this batch overwrites.
     let archive = async {
@@ -326,14 +326,17 @@ pub async fn write_plan(
     };
     let in_batch = async {
         if !plan.superseded_in_batch.is_empty() {
-            insert_revision_rows(db, &rows.select(&plan.superseded_in_batch)).await?;
+            insert_revision_rows(db, &rows_of(plan, &plan.superseded_in_batch, synced_at)).await?;
         }
         Ok(())
     };
     let counts = stats::count_changes(
         db,
         overwritten_ids,
-        current.iter().map(|&i| (rows.form_type[i], rows.created_at[i], rows.deleted[i])),
+        current.iter().map(|&i| {
+            let r = &plan.revisions[i];
+            (r.record.form_type(), r.created_at, r.record.deleted)
+        }),
     );
     futures_util::try_join!(archive, in_batch, counts)?;
     phases.lap("revisions_stats");
@@ -344,13 +347,13 @@ pub async fn write_plan(
     // insert then waits for it to roll back, which it does, not getting the lock this one holds.)
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
-        current.into_iter().partition(|&i| stored.contains(rows.id[i]));
-    copy_rows_at(db, &rows, &inserts).await?;
+        current.into_iter().partition(|&i| stored.contains(plan.revisions[i].record.id()));
+    copy_rows_at(db, plan, &inserts, synced_at).await?;
     phases.lap("copy");
     let update = async {
         if !updates.is_empty() {
             let statement = db.prepare_cached(&record_row::UPDATE_SQL).await?;
-            db.execute(&statement, &rows.select(&updates).params()).await?;
+            db.execute(&statement, &rows_of(plan, &updates, synced_at).params()).await?;
         }
         Ok(())
     };
@@ -375,14 +378,20 @@ pub async fn write_plan(
 /// instead of inserting rows while the next ones are encoded; docs/benchmarks-history.md,
 /// "Push: where a group commit's time goes".) Only new records, each once, is the usual big push:
 /// then every row goes, in order.
-async fn copy_rows_at(db: &Transaction<'_>, rows: &Rows<'_>, indexes: &[usize]) -> DbResult<()> {
+async fn copy_rows_at(
+    db: &Transaction<'_>,
+    plan: &Plan<'_>,
+    indexes: &[usize],
+    synced_at: DateTime<Utc>,
+) -> DbResult<()> {
+    /// Rows made columns at a time: enough to keep the COPY busy, small next to a big push.
+    const CHUNK: usize = 4096;
     if indexes.is_empty() {
         return Ok(());
     }
     let statement = db.prepare_cached(&record_row::COPY_SQL).await?;
     let sink = db.copy_in(&statement).await?;
-    let every_row = indexes.len() == rows.len();
-    record_row::copy_rows(sink, rows, (!every_row).then_some(indexes)).await
+    record_row::copy_rows(sink, indexes.chunks(CHUNK).map(|chunk| rows_of(plan, chunk, synced_at))).await
 }
 
 async fn insert_revision_rows(db: &impl GenericClient, rows: &Rows<'_>) -> DbResult<()> {

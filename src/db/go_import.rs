@@ -134,7 +134,7 @@ pub async fn insert_records(db: &tokio_postgres::Transaction<'_>, records: &[New
         });
     }
     let sink = db.copy_in(record_row::COPY_SQL.as_str()).await?;
-    record_row::copy_rows(sink, &rows, None).await
+    record_row::copy_rows(sink, std::iter::once(rows)).await
 }
 
 /// A current attachment (with its blob already in place) or, with `sha256: None`, a tombstone.

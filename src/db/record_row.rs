@@ -258,27 +258,18 @@ pub static ARCHIVE_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Writes the rows of `rows` at `indexes` (every row when `None`) into a COPY started with
-/// [`COPY_SQL`].
+/// Writes rows into a COPY started with [`COPY_SQL`], a batch of them at a time.
 #[tracing::instrument(name = "db.record_row.copy_rows", level = "debug", skip_all)]
-pub async fn copy_rows(
+pub async fn copy_rows<'a>(
     sink: CopyInSink<bytes::Bytes>,
-    rows: &Rows<'_>,
-    indexes: Option<&[usize]>,
+    batches: impl Iterator<Item = Rows<'a>>,
 ) -> DbResult<()> {
     let types = Col::ALL.map(Col::pg_type);
     let writer = BinaryCopyInWriter::new(sink, &types);
     let mut writer = std::pin::pin!(writer);
-    match indexes {
-        None => {
-            for i in 0..rows.len() {
-                writer.as_mut().write(&rows.row(i)).await?;
-            }
-        }
-        Some(indexes) => {
-            for &i in indexes {
-                writer.as_mut().write(&rows.row(i)).await?;
-            }
+    for rows in batches {
+        for i in 0..rows.len() {
+            writer.as_mut().write(&rows.row(i)).await?;
         }
     }
     writer.finish().await?;

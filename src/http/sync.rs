@@ -76,7 +76,7 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, body: BodyBytes) -> ApiR
     report_sync(&req, st, &caller.username, &client_id, Some(outcome.result.head));
     crate::monitoring::push_answered(dialect, outcome.result.items.len(), outcome.replayed);
     let result = &outcome.result;
-    let body = serde_json::to_vec(&encode::push_response(dialect, result)).map_err(ApiError::internal)?;
+    let body = encode::push_response(dialect, result).map_err(ApiError::internal)?;
     let mut res = dialect_response(dialect, body, result.repository_generation);
     if outcome.replayed {
         res.headers_mut().insert(X_IDEMPOTENT_REPLAY.clone(), HeaderValue::from_static("true"));

@@ -218,8 +218,7 @@ async fn commit(
     let overwritten: Vec<&str> = if plan.refusals.is_empty() {
         states.keys().map(String::as_str).collect()
     } else {
-        let revised: std::collections::HashSet<&str> =
-            plan.revisions.iter().map(|r| r.record.id.as_str()).collect();
+        let revised: std::collections::HashSet<&str> = plan.revisions.iter().map(|r| r.record.id()).collect();
         states.keys().map(String::as_str).filter(|id| revised.contains(id)).collect()
     };
     phases.lap("plan");

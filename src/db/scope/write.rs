@@ -187,8 +187,8 @@ pub async fn out_of_scope_of(
         if !matches!(decision, Decision::Apply) {
             continue;
         }
-        for record in push.records.iter().filter(|r| stored.contains_key(&r.id)) {
-            ids.push(record.id.as_str());
+        for record in push.records.iter().filter(|r| stored.contains_key(r.id())) {
+            ids.push(record.id());
             pushers.push(push.pushed_by.as_str());
         }
     }
@@ -209,11 +209,11 @@ pub async fn write_plan(
     }
     let mut written = WrittenRecords::default();
     for (revision, _) in plan.revisions.iter().zip(&superseded).filter(|(_, superseded)| !**superseded) {
-        let id = revision.record.id.as_str();
-        let data = revision.data.get();
+        let id = revision.record.id();
+        let data = revision.data;
         let unreadable =
             |e: serde_json::Error| DbError::Other(format!("record {id}: data is not JSON: {e}").into());
-        let keys = scope.keys.record_keys(&revision.record.form_type, data).map_err(unreadable)?;
+        let keys = scope.keys.record_keys(revision.record.form_type(), data).map_err(unreadable)?;
         let refs = attachment_refs(data).map_err(unreadable)?;
         written.push(id, revision.change_id, stored.contains_key(id), keys, refs);
     }

@@ -19,12 +19,11 @@
 //!   tombstone addressed to the pusher (ids stay dense).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 
-use super::{empty_object, IncomingRecord, PushResult, Refused, Warning};
+use super::{IncomingRecord, PushResult, Refused, Warning};
 
 /// A validated push, ready to commit.
 #[derive(Debug, Clone)]
@@ -43,7 +42,7 @@ pub struct Push {
 impl Push {
     /// The JSON text the push stores, which dominates a commit's size.
     pub fn data_bytes(&self) -> usize {
-        self.records.iter().map(|r| r.data.as_ref().map_or(0, |d| d.get().len())).sum()
+        self.records.iter().map(|r| r.data().map_or(0, str::len)).sum()
     }
 }
 
@@ -143,9 +142,9 @@ fn applied<'p, 'a>(pushes: &'p [&'a Push], decisions: &'p [Decision]) -> impl It
 /// data it needs too (deletions that send none keep the stored data).
 pub fn records_to_read<'a>(pushes: &[&'a Push], decisions: &[Decision]) -> (Vec<&'a str>, Vec<&'a str>) {
     let mut ids: Vec<&str> =
-        applied(pushes, decisions).flat_map(|p| p.records.iter().map(|r| r.id.as_str())).collect();
+        applied(pushes, decisions).flat_map(|p| p.records.iter().map(IncomingRecord::id)).collect();
     let need_data: Vec<&str> = applied(pushes, decisions)
-        .flat_map(|p| p.records.iter().filter(|r| r.data.is_none()).map(|r| r.id.as_str()))
+        .flat_map(|p| p.records.iter().filter(|r| r.data().is_none()).map(IncomingRecord::id))
         .collect();
     ids.sort_unstable();
     ids.dedup();
@@ -158,7 +157,8 @@ pub struct PlannedRevision<'a> {
     pub push: &'a Push,
     pub record: &'a IncomingRecord,
     pub change_id: i64,
-    pub data: &'a RawValue,
+    /// Canonical JSON text.
+    pub data: &'a str,
     pub created_at: Option<DateTime<Utc>>,
     pub updated_at: Option<DateTime<Utc>>,
     /// The record's owner: whoever pushed its first revision.
@@ -202,12 +202,12 @@ struct Latest<'a> {
     change_id: i64,
     created_at: Option<DateTime<Utc>>,
     created_by: &'a str,
-    data: Option<&'a RawValue>,
+    data: Option<&'a str>,
     batch_index: Option<usize>,
 }
 
-/// `{}`: the data of a deletion whose record never had any.
-static EMPTY_OBJECT: LazyLock<Box<RawValue>> = LazyLock::new(empty_object);
+/// The data of a deletion whose record never had any.
+const EMPTY_OBJECT: &str = "{}";
 
 /// Assigns change_ids and builds the revisions and results of the applied pushes. `now` is the
 /// commit time, in the database's precision.
@@ -220,30 +220,21 @@ pub fn plan<'a>(
     now: DateTime<Utc>,
     out_of_scope: &OutOfScope,
 ) -> Plan<'a> {
-    let mut latest: HashMap<&str, Latest> = stored
-        .iter()
-        .map(|(id, s)| {
-            let state = Latest {
-                change_id: s.change_id,
-                created_at: s.created_at,
-                created_by: &s.created_by,
-                data: s.data.as_deref(),
-                batch_index: None,
-            };
-            (id.as_str(), state)
-        })
-        .collect();
+    let revisions = applied(pushes, decisions).map(|p| p.records.len()).sum();
     let mut plan = Plan {
-        revisions: Vec::with_capacity(applied(pushes, decisions).map(|p| p.records.len()).sum()),
+        revisions: Vec::with_capacity(revisions),
         refusals: Vec::new(),
         superseded_in_batch: Vec::new(),
         results: vec![None; pushes.len()],
         head,
         repository_generation,
     };
+    // The last revision of each record so far, by its row: a record of a big push is one entry
+    // of an id and an index, made room for at once (docs/api.md §18.4).
+    let mut written = HashMap::with_capacity(revisions);
     for (i, (push, decision)) in pushes.iter().zip(decisions).enumerate() {
         if matches!(decision, Decision::Apply) {
-            plan.results[i] = Some(plan.apply(push, &mut latest, now, out_of_scope));
+            plan.results[i] = Some(plan.apply(push, stored, &mut written, now, out_of_scope));
         }
     }
     let head = plan.head;
@@ -254,11 +245,40 @@ pub fn plan<'a>(
 }
 
 impl<'a> Plan<'a> {
+    /// The state the next revision of `id` overwrites: its last in this batch, else the stored one.
+    fn latest(
+        &self,
+        id: &str,
+        stored: &'a HashMap<String, CurrentState>,
+        written: &HashMap<&'a str, usize>,
+    ) -> Option<Latest<'a>> {
+        match written.get(id) {
+            Some(&index) => {
+                let r = &self.revisions[index];
+                Some(Latest {
+                    change_id: r.change_id,
+                    created_at: r.created_at,
+                    created_by: r.created_by,
+                    data: Some(r.data),
+                    batch_index: Some(index),
+                })
+            }
+            None => stored.get(id).map(|s| Latest {
+                change_id: s.change_id,
+                created_at: s.created_at,
+                created_by: &s.created_by,
+                data: s.data.as_deref().map(RawValue::get),
+                batch_index: None,
+            }),
+        }
+    }
+
     /// Appends one push's revisions; its result still lacks the batch's final head.
     fn apply(
         &mut self,
         push: &'a Push,
-        latest: &mut HashMap<&'a str, Latest<'a>>,
+        stored: &'a HashMap<String, CurrentState>,
+        written: &mut HashMap<&'a str, usize>,
         now: DateTime<Utc>,
         out_of_scope: &OutOfScope,
     ) -> PushResult {
@@ -267,24 +287,24 @@ impl<'a> Plan<'a> {
         let mut refused = Vec::new();
         for (index, rec) in push.records.iter().enumerate() {
             self.head += 1;
-            let prev = latest.get(rec.id.as_str()).copied();
+            let prev = self.latest(rec.id(), stored, written);
             // Only a stored state can be out of the pusher's scope: what this batch wrote is
             // theirs or another pusher's of the same commit, judged when it is stored.
-            let stored = prev.is_some_and(|s| s.batch_index.is_none());
-            if stored && out_of_scope.contains(&(push.pushed_by.clone(), rec.id.clone())) {
+            let is_stored = prev.is_some_and(|s| s.batch_index.is_none());
+            if is_stored && out_of_scope.contains(&(push.pushed_by.clone(), rec.id().to_string())) {
                 self.refusals.push(PlannedRefusal {
                     pushed_by: &push.pushed_by,
-                    record_id: &rec.id,
+                    record_id: rec.id(),
                     change_id: self.head,
                 });
                 warnings.retain(|(i, _)| *i != index);
-                refused.push(Refused::out_of_scope(index, &rec.id));
+                refused.push(Refused::out_of_scope(index, rec.id()));
                 continue;
             }
             let overwrote = prev.map(|s| s.change_id);
             let conflict = match (rec.base_version, overwrote) {
                 (Some(base), Some(current)) if base < current => {
-                    warnings.push((index, Warning::conflict_overwritten(&rec.id, base, current)));
+                    warnings.push((index, Warning::conflict_overwritten(rec.id(), base, current)));
                     true
                 }
                 _ => false,
@@ -293,7 +313,7 @@ impl<'a> Plan<'a> {
                 push,
                 record: rec,
                 change_id: self.head,
-                data: rec.data.as_deref().or_else(|| prev.and_then(|s| s.data)).unwrap_or(&EMPTY_OBJECT),
+                data: rec.data().or_else(|| prev.and_then(|s| s.data)).unwrap_or(EMPTY_OBJECT),
                 created_at: rec.created_at.or_else(|| prev.and_then(|s| s.created_at)).or(Some(now)),
                 updated_at: rec.updated_at.or(Some(now)),
                 created_by: prev.map_or(push.pushed_by.as_str(), |s| s.created_by),
@@ -303,18 +323,9 @@ impl<'a> Plan<'a> {
             if let Some(earlier) = prev.and_then(|s| s.batch_index) {
                 self.superseded_in_batch.push(earlier);
             }
-            latest.insert(
-                &rec.id,
-                Latest {
-                    change_id: revision.change_id,
-                    created_at: revision.created_at,
-                    created_by: revision.created_by,
-                    data: Some(revision.data),
-                    batch_index: Some(self.revisions.len()),
-                },
-            );
+            written.insert(rec.id(), self.revisions.len());
             self.revisions.push(revision);
-            items.push((rec.id.clone(), self.head));
+            items.push((rec.id().to_string(), self.head));
         }
         warnings.sort_by_key(|(index, _)| *index);
         PushResult {

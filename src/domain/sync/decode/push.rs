@@ -2,13 +2,13 @@
 //! their problems).
 
 use chrono::{DateTime, Utc};
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::super::canonical::{Doc, Field, Kind, NodeId, Tape};
 use super::super::push_body::{self, PushBody, Received};
-use super::super::{Dialect, IncomingRecord, PushRequest, Warning};
+use super::super::{Dialect, IncomingRecord, PushRequest, RecordTexts, Warning};
 use super::{request_id_field, DecodeError, DecodeErrorKind, DecodeResult, MAX_ID_CHARS};
+use crate::domain::json_text;
 use crate::domain::problem::ItemProblem;
 use crate::domain::time::parse_rfc3339;
 
@@ -113,8 +113,8 @@ pub fn decode_push_body(body: &PushBody) -> DecodeResult<PushRequest> {
             .map_err(|e| malformed(push_body::parse::<Value>(raw.get()).err().unwrap_or(e)))?;
         match decoded {
             Some(record) => {
-                if record.form_type.is_empty() {
-                    warnings.push((index, Warning::missing_form_type(&record.id, keys.form_type)));
+                if record.form_type().is_empty() {
+                    warnings.push((index, Warning::missing_form_type(record.id(), keys.form_type)));
                 }
                 records.push(record);
             }
@@ -163,21 +163,21 @@ impl RecordProblems<'_> {
 }
 
 /// Form type and version: optional strings of at most 255 characters.
-fn short_string(rec: &Fields, key: &str, problems: &mut RecordProblems) -> String {
+fn short_string<'r>(rec: &'r Fields, key: &str, problems: &mut RecordProblems) -> &'r str {
     match rec.get(key) {
-        None | Some(Field::Null) => String::new(),
+        None | Some(Field::Null) => "",
         Some(Field::Text(s)) if s.chars().count() > MAX_ID_CHARS => {
             problems.add(key, "TOO_LONG", format!("{key} is longer than 255 characters"));
-            String::new()
+            ""
         }
         Some(Field::Text(s)) if s.contains('\0') => {
             problems.add(key, "TYPE_ERROR", format!("{key} must not contain NUL characters"));
-            String::new()
+            ""
         }
-        Some(Field::Text(s)) => s.to_string(),
+        Some(Field::Text(s)) => s,
         Some(_) => {
             problems.add(key, "TYPE_ERROR", format!("{key} must be a string"));
-            String::new()
+            ""
         }
     }
 }
@@ -228,36 +228,38 @@ impl<'t> Fields<'t> {
     }
 }
 
-/// Reads records: one tape for all the records of a push.
+/// Reads records: one tape, and one buffer for each text written, for all the records of a push.
 #[derive(Default)]
 struct RecordReader {
     tape: Tape,
+    data: String,
+    geolocation: String,
+    tags: String,
 }
 
-/// A JSON object field (data, geolocation) that must be storable, as its canonical text.
+/// A JSON object field (data, geolocation) that must be storable: true when its canonical text
+/// was written to `out`.
 fn json_object<'t>(
     doc: &mut Doc<'t>,
     node: Option<NodeId<'t>>,
     key: &str,
     problems: &mut RecordProblems,
-) -> serde_json::Result<Option<Box<RawValue>>> {
-    let Some(node) = node else { return Ok(None) };
+    out: &mut String,
+) -> bool {
+    let Some(node) = node else { return false };
     match doc.kind(node) {
-        Kind::Null => Ok(None),
-        Kind::Object => {
-            // Room for the text as sent: the canonical text is rarely longer (an exponent gains
-            // its sign), so the box is made without another copy.
-            let mut text = String::with_capacity(doc.span(node).len() + 8);
-            if let Err(why) = doc.write(node, &mut text) {
+        Kind::Null => false,
+        Kind::Object => match doc.write(node, out) {
+            Ok(()) => true,
+            Err(why) => {
                 problems.add(key, "TYPE_ERROR", format!("{key} cannot be stored: {why}"));
-                return Ok(None);
+                false
             }
-            RawValue::from_string(text).map(Some)
-        }
+        },
         Kind::Other => {
             let what = if key == "data" { "a JSON object" } else { "an object or null" };
             problems.add(key, "TYPE_ERROR", format!("{key} must be {what}"));
-            Ok(None)
+            false
         }
     }
 }
@@ -270,7 +272,8 @@ fn decode_record(
     keys: &RecordKeys,
     problem_list: &mut Vec<ItemProblem>,
 ) -> serde_json::Result<Option<IncomingRecord>> {
-    let mut doc = reader.tape.read(text)?;
+    let RecordReader { tape, data: data_text, geolocation: geolocation_text, tags: tags_text } = reader;
+    let mut doc = tape.read(text)?;
     let root = doc.root();
     if doc.kind(root) != Kind::Object {
         let path = format!("{}/{index}", keys.list_path);
@@ -300,45 +303,51 @@ fn decode_record(
     };
 
     let id = record_id(rec, keys, &mut problems);
-    problems.record_id = id.as_deref();
+    problems.record_id = id;
     let form_type = short_string(rec, keys.form_type, &mut problems);
     let form_version = short_string(rec, keys.form_version, &mut problems);
     let deleted = deleted_flag(rec, &mut problems);
-    let data = json_object(&mut doc, data_node, "data", &mut problems)?;
+    data_text.clear();
+    let data = json_object(&mut doc, data_node, "data", &mut problems, data_text);
     if !deleted && data_node.is_none_or(|node| doc.kind(node) == Kind::Null) {
         problems.add("data", "REQUIRED", "data is required unless the record is deleted".into());
     }
     let created_at = timestamp(rec, keys.created_at, &mut problems);
     let updated_at = timestamp(rec, keys.updated_at, &mut problems);
-    let geolocation = json_object(&mut doc, geolocation_node, "geolocation", &mut problems)?;
+    geolocation_text.clear();
+    let geolocation = json_object(&mut doc, geolocation_node, "geolocation", &mut problems, geolocation_text);
     let base_version = base_version(rec, &mut problems);
 
     // 2026 fields (docs/api.md §17.5): optional, and a wrong type is dropped rather than failing the sync.
     let author = optional_text(rec, "author");
     let device_id = optional_text(rec, keys.device_id);
-    let tags = optional_tags(rec);
+    tags_text.clear();
+    let tags = optional_tags(rec, tags_text);
 
-    if problems.found {
-        return Ok(None);
-    }
-    Ok(id.map(|id| IncomingRecord {
+    let Some(id) = id.filter(|_| !problems.found) else { return Ok(None) };
+    let texts = RecordTexts {
         id,
         form_type,
         form_version,
-        data,
-        deleted,
-        created_at,
-        updated_at,
-        geolocation,
-        base_version,
+        data: data.then_some(data_text.as_str()),
+        geolocation: geolocation.then_some(geolocation_text.as_str()),
         author,
         device_id,
-        tags,
-    }))
+        tags: tags.then_some(tags_text.as_str()),
+    };
+    let Ok(mut record) = IncomingRecord::new(texts) else {
+        problems.add("data", "TOO_LARGE", "the record is larger than 4 GiB".into());
+        return Ok(None);
+    };
+    record.deleted = deleted;
+    record.created_at = created_at;
+    record.updated_at = updated_at;
+    record.base_version = base_version;
+    Ok(Some(record))
 }
 
 /// The record's id: the first present alias, a non-empty string of at most 255 characters.
-fn record_id(rec: &Fields, keys: &RecordKeys, problems: &mut RecordProblems) -> Option<String> {
+fn record_id<'r>(rec: &'r Fields, keys: &RecordKeys, problems: &mut RecordProblems) -> Option<&'r str> {
     let (id_key, id_value) = keys
         .id
         .iter()
@@ -353,7 +362,7 @@ fn record_id(rec: &Fields, keys: &RecordKeys, problems: &mut RecordProblems) -> 
             problems.add(id_key, "TYPE_ERROR", format!("{id_key} must not contain NUL characters"));
             None
         }
-        Field::Text(s) if !s.is_empty() => Some(s.to_string()),
+        Field::Text(s) if !s.is_empty() => Some(s),
         Field::Null | Field::Text(_) => {
             problems.add(id_key, "REQUIRED", format!("{id_key} is required"));
             None
@@ -390,21 +399,30 @@ fn base_version(rec: &Fields, problems: &mut RecordProblems) -> Option<i64> {
     }
 }
 
-fn optional_text(rec: &Fields, key: &str) -> Option<String> {
+fn optional_text<'r>(rec: &'r Fields, key: &str) -> Option<&'r str> {
     match rec.get(key) {
-        Some(Field::Text(s)) if !s.contains('\0') => Some(s.to_string()),
+        Some(Field::Text(s)) if !s.contains('\0') => Some(s),
         _ => None,
     }
 }
 
 /// Tags: an array of strings, or nothing at all when any item is not one.
-fn optional_tags(rec: &Fields) -> Option<Vec<String>> {
-    rec.parsed("tags").as_ref().and_then(Value::as_array).and_then(|items| {
-        items
-            .iter()
-            .map(|t| t.as_str().filter(|s| !s.contains('\0')).map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-    })
+/// Tags: an array of strings, as canonical JSON text (into `out`), or nothing at all when any
+/// item is not one.
+fn optional_tags(rec: &Fields, out: &mut String) -> bool {
+    let Some(Value::Array(items)) = rec.parsed("tags") else { return false };
+    if !items.iter().all(|t| t.as_str().is_some_and(|s| !s.contains('\0'))) {
+        return false;
+    }
+    out.push('[');
+    for (i, tag) in items.iter().filter_map(Value::as_str).enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        json_text::write_string(out, tag);
+    }
+    out.push(']');
+    true
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use serde_json::value::RawValue;
 
 use super::*;
-use crate::domain::sync::Refused;
+use crate::domain::sync::{RecordTexts, Refused};
 use crate::testing::config;
 
 fn now() -> DateTime<Utc> {
@@ -20,20 +20,15 @@ fn raw(text: &str) -> Box<RawValue> {
 }
 
 fn record(id: &str) -> IncomingRecord {
-    IncomingRecord {
-        id: id.to_string(),
-        form_type: "household".into(),
-        form_version: "1".into(),
-        data: Some(raw(&format!(r#"{{"id":"{id}"}}"#))),
-        deleted: false,
-        created_at: None,
-        updated_at: None,
-        geolocation: None,
-        base_version: None,
-        author: None,
-        device_id: None,
-        tags: None,
-    }
+    let data = format!(r#"{{"id":"{id}"}}"#);
+    let texts = RecordTexts {
+        id,
+        form_type: "household",
+        form_version: "1",
+        data: Some(&data),
+        ..Default::default()
+    };
+    IncomingRecord::new(texts).unwrap()
 }
 
 fn push(tid: Option<&str>, ids: &[&str]) -> Push {
@@ -110,13 +105,13 @@ fn an_update_overwrites_the_stored_state_and_keeps_owner_and_creation_time() {
 fn a_deletion_without_data_keeps_the_stored_data_or_gets_an_empty_object() {
     let mut p = push(None, &["a", "new"]);
     for r in &mut p.records {
-        r.data = None;
+        *r = r.with_texts(|t| t.data = None).unwrap();
         r.deleted = true;
     }
     let states = stored(&[("a", 3, "alice")]);
     let (_, plan) = run(&[&p], &states);
-    assert_eq!(plan.revisions[0].data.get(), r#"{"stored":true}"#);
-    assert_eq!(plan.revisions[1].data.get(), "{}");
+    assert_eq!(plan.revisions[0].data, r#"{"stored":true}"#);
+    assert_eq!(plan.revisions[1].data, "{}");
 }
 
 #[test]
@@ -126,14 +121,14 @@ fn repeated_ids_in_one_push_form_a_chain_and_only_the_last_is_current() {
     let states = HashMap::new();
     let (_, plan) = run(&[&p], &states);
     let a: Vec<(i64, Option<i64>)> =
-        plan.revisions.iter().filter(|r| r.record.id == "a").map(|r| (r.change_id, r.overwrote)).collect();
+        plan.revisions.iter().filter(|r| r.record.id() == "a").map(|r| (r.change_id, r.overwrote)).collect();
     assert_eq!(a, [(11, None), (13, Some(11)), (14, Some(13))]);
     assert_eq!(plan.superseded_in_batch, [0, 2]);
     // The first revision's creation time sticks to the record.
     assert!(plan
         .revisions
         .iter()
-        .filter(|r| r.record.id == "a")
+        .filter(|r| r.record.id() == "a")
         .all(|r| r.created_at == p.records[0].created_at));
     assert_eq!(plan.results[0].as_ref().unwrap().items.len(), 4);
 }
@@ -239,7 +234,7 @@ fn another_generation_stores_nothing() {
 #[test]
 fn records_to_read_are_those_of_applied_pushes() {
     let mut p = push(None, &["b", "a", "b"]);
-    p.records[2].data = None;
+    p.records[2] = p.records[2].with_texts(|t| t.data = None).unwrap();
     let skipped = push(Some("t"), &["z"]);
     let decisions = vec![Decision::Apply, Decision::Mismatch];
     let (ids, need_data) = records_to_read(&[&p, &skipped], &decisions);
@@ -266,12 +261,12 @@ fn arb_record() -> impl Strategy<Value = IncomingRecord> {
         proptest::option::of(0i64..12),
         proptest::option::of(0i64..3),
     )
-        .prop_map(|(id, with_data, base_version, created)| IncomingRecord {
-            data: with_data.then(|| raw(r#"{"x":1}"#)),
-            deleted: !with_data,
-            base_version,
-            created_at: created.map(|h| now() - chrono::Duration::hours(h)),
-            ..record(id)
+        .prop_map(|(id, with_data, base_version, created)| {
+            let mut r = record(id).with_texts(|t| t.data = with_data.then_some(r#"{"x":1}"#)).unwrap();
+            r.deleted = !with_data;
+            r.base_version = base_version;
+            r.created_at = created.map(|h| now() - chrono::Duration::hours(h));
+            r
         })
 }
 
@@ -406,7 +401,7 @@ proptest! {
             if let Some(result) = result {
                 prop_assert_eq!(result.head, plan.head);
                 let ids: Vec<&str> = result.items.iter().map(|(id, _)| id.as_str()).collect();
-                let sent: Vec<&str> = pushes[i].records.iter().map(|r| r.id.as_str()).collect();
+                let sent: Vec<&str> = pushes[i].records.iter().map(IncomingRecord::id).collect();
                 prop_assert_eq!(ids, sent);
             }
         }
@@ -419,7 +414,7 @@ proptest! {
         let plan = plan(&pushes, &decisions, &b.states, b.head, 1, now(), &OutOfScope::new());
         let mut chains: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (i, r) in plan.revisions.iter().enumerate() {
-            chains.entry(r.record.id.as_str()).or_default().push(i);
+            chains.entry(r.record.id()).or_default().push(i);
         }
         let mut superseded: Vec<usize> = plan.superseded_in_batch.clone();
         superseded.sort_unstable();
@@ -496,7 +491,7 @@ fn a_stored_record_out_of_the_pushers_scope_is_refused_alone() {
         (plan.refusals[0].pushed_by, plan.refusals[0].record_id, plan.refusals[0].change_id),
         ("alice", "theirs", 12)
     );
-    let ids: Vec<(&str, i64)> = plan.revisions.iter().map(|r| (r.record.id.as_str(), r.change_id)).collect();
+    let ids: Vec<(&str, i64)> = plan.revisions.iter().map(|r| (r.record.id(), r.change_id)).collect();
     assert_eq!(ids, [("new", 11), ("mine", 13), ("x", 14), ("theirs", 15)], "bob may change it");
     let result = plan.results[0].as_ref().unwrap();
     assert_eq!(result.items, [("new".to_string(), 11), ("mine".to_string(), 13)]);

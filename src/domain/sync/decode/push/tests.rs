@@ -43,8 +43,8 @@ mod former {
             let item: Value = push_body::parse(raw.get()).map_err(malformed)?;
             match decode_record(&item, index, &keys, &mut problems) {
                 Some(record) => {
-                    if record.form_type.is_empty() {
-                        warnings.push((index, Warning::missing_form_type(&record.id, keys.form_type)));
+                    if record.form_type().is_empty() {
+                        warnings.push((index, Warning::missing_form_type(record.id(), keys.form_type)));
                     }
                     records.push(record);
                 }
@@ -182,21 +182,26 @@ mod former {
         if problems.found {
             return None;
         }
-        Some(IncomingRecord {
-            id: id?,
-            form_type,
-            form_version,
-            data: data.map(compact_json),
-            deleted,
-            created_at,
-            updated_at,
-            // Stored and hashed as serde_json wrote the tree: its compact text.
-            geolocation: geolocation.map(compact_json),
-            base_version,
-            author,
-            device_id,
-            tags,
+        // Stored and hashed as serde_json wrote the tree: its compact text.
+        let data = data.map(|d| compact_json(d).get().to_string());
+        let geolocation = geolocation.map(|g| compact_json(g).get().to_string());
+        let tags = tags.map(|t| Value::from(t).to_string());
+        let mut record = IncomingRecord::new(RecordTexts {
+            id: id.as_deref()?,
+            form_type: &form_type,
+            form_version: &form_version,
+            data: data.as_deref(),
+            geolocation: geolocation.as_deref(),
+            author: author.as_deref(),
+            device_id: device_id.as_deref(),
+            tags: tags.as_deref(),
         })
+        .ok()?;
+        record.deleted = deleted;
+        record.created_at = created_at;
+        record.updated_at = updated_at;
+        record.base_version = base_version;
+        Some(record)
     }
 
     /// The record's id: the first present alias, a non-empty string of at most 255 characters.
