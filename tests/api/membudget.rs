@@ -48,6 +48,16 @@ fn push_text(form: &str, transmission: &str) -> String {
 }
 
 async fn send_push(server: &ChildServer, token: &str, body: &str) -> (StatusCode, Option<String>, Value) {
+    try_push(server, token, body).await.expect("push request")
+}
+
+/// A push, or the error of a request the server closed: a 503 is answered before the body is
+/// read, and the connection closed, so a client still sending its body can see a reset instead.
+async fn try_push(
+    server: &ChildServer,
+    token: &str,
+    body: &str,
+) -> reqwest::Result<(StatusCode, Option<String>, Value)> {
     let res = server
         .client
         .post(server.url("/sync/push"))
@@ -55,12 +65,11 @@ async fn send_push(server: &ChildServer, token: &str, body: &str) -> (StatusCode
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()
-        .await
-        .expect("push request");
+        .await?;
     let status = res.status();
     let retry_after = res.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
     let body = serde_json::from_str(&res.text().await.unwrap_or_default()).unwrap_or(Value::Null);
-    (status, retry_after, body)
+    Ok((status, retry_after, body))
 }
 
 /// Records stored per form type.
@@ -164,7 +173,12 @@ async fn pushes_beyond_the_budget_wait_then_get_503_and_memory_stays_bounded() {
             tokio::spawn(async move {
                 let body = push_text(&format!("storm{i}"), &format!("t-storm{i}"));
                 for _ in 0..30 {
-                    let (status, retry_after, answer) = send_push(&server, &token, &body).await;
+                    let Ok((status, retry_after, answer)) = try_push(&server, &token, &body).await else {
+                        // Refused while its body was still being sent: as a 503, try again.
+                        refusals.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    };
                     match status {
                         StatusCode::OK => return answer,
                         StatusCode::SERVICE_UNAVAILABLE => {
