@@ -6,7 +6,7 @@ Usage: scripts/push-memory.py BASE_URL PID [--records 300000] [--concurrent 1] [
 Signs in as admin, sends CONCURRENT pushes of RECORDS small records each (about 77 bytes a record:
 300,000 make a 23 MB body) at once, samples the server's VmRSS every 20 ms meanwhile, then waits
 10 s and reads VmRSS again. Prints one JSON line: body size, statuses, baseline, peak and settled
-RSS in MiB. Standard library only.
+RSS in MiB, and the Retry-After values of the answers that were not 200. Standard library only.
 """
 
 import argparse
@@ -27,15 +27,19 @@ def rss_kib(pid):
 
 
 def call(base, path, body, token=None):
+    """(status, body, Retry-After or None); status "reset" when the server closed the connection
+    while the body was still being sent (a 503 of the body budget answered before reading it)."""
     req = urllib.request.Request(base + path, data=body, method="POST")
     req.add_header("content-type", "application/json")
     if token:
         req.add_header("authorization", "Bearer " + token)
     try:
         with urllib.request.urlopen(req, timeout=600) as res:
-            return res.status, res.read()
+            return res.status, res.read(), res.headers.get("retry-after")
     except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        return e.code, e.read(), e.headers.get("retry-after")
+    except (ConnectionError, urllib.error.URLError) as e:
+        return "reset", str(e).encode(), None
 
 
 def push_body(records):
@@ -59,7 +63,7 @@ def main():
     ap.add_argument("--password", default="admin")
     args = ap.parse_args()
 
-    status, raw = call(args.base, "/auth/login",
+    status, raw, _ = call(args.base, "/auth/login",
                        json.dumps({"username": "admin", "password": args.password}).encode())
     assert status == 200, raw
     token = json.loads(raw)["token"]
@@ -68,11 +72,12 @@ def main():
     baseline = rss_kib(args.pid)
 
     statuses = [None] * len(bodies)
+    retry_after = [None] * len(bodies)
     elapsed = [None] * len(bodies)
 
     def send(i):
         t0 = time.time()
-        statuses[i] = call(args.base, "/sync/push", bodies[i], token)[0]
+        statuses[i], _, retry_after[i] = call(args.base, "/sync/push", bodies[i], token)
         elapsed[i] = round(time.time() - t0, 2)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
@@ -89,6 +94,7 @@ def main():
         "body_mb": round(len(bodies[0]) / 1e6, 1),
         "concurrent": len(bodies),
         "statuses": statuses,
+        "retry_after": sorted({r for s, r in zip(statuses, retry_after) if s != 200}, key=str),
         "seconds": elapsed,
         "baseline_mib": mib(baseline),
         "peak_mib": mib(peak),
