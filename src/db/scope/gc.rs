@@ -14,8 +14,10 @@ const GC_BATCH: i64 = 10_000;
 #[tracing::instrument(name = "db.scope.gc.collect", level = "debug", skip_all)]
 pub async fn collect(tx: &Transaction<'_>) -> DbResult<u64> {
     // Holding the state row keeps a new preparation from starting (its `UPDATE` waits) while
-    // this batch deletes rows the preparation would otherwise count on.
-    tx.execute("SELECT 1 FROM scope_state FOR SHARE", &[]).await?;
+    // this batch deletes rows the preparation would otherwise count on. Exclusively: the batch
+    // may update the row itself (`gc_pending`), and two nodes each holding it shared and then
+    // updating it deadlock.
+    tx.execute("SELECT 1 FROM scope_state FOR NO KEY UPDATE", &[]).await?;
     let state = state(tx).await?;
     let pending: bool = tx.query_one("SELECT gc_pending FROM scope_state", &[]).await?.get(0);
     if !pending || state.preparing_version.is_some() {
