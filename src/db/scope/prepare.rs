@@ -15,8 +15,9 @@ use crate::domain::scope::{
     changed_keys, KeyPlan, ScopeRules, Touched, UserAttributes, UserFacts, Visibility, ALL,
 };
 
-/// Records per batch: a batch holds their rows `FOR SHARE` (an update of one of them waits for
-/// the batch) and commits its progress with its rows, so a crash loses at most one batch.
+/// Records per batch: a batch holds the change-log lock (a commit waits for at most one batch, and
+/// no record changes under it) and commits its progress with its rows, so a crash loses at most
+/// one batch.
 pub const BATCH: i64 = 1_000;
 
 /// What a preparation does for one version, derived once from the two sets.
@@ -64,17 +65,28 @@ pub async fn begin(db: &impl GenericClient, version: i64) -> DbResult<()> {
 }
 
 /// Scans the next batch of records by id; false when the scan is complete.
+///
+/// Only records last changed at or below the head the scan began at: a later change was committed
+/// while the version was being prepared, so its commit wrote its keys and references and the
+/// catch-up gives it its slot. Without that bound a push rate above the scan's kept it from ever
+/// ending. The batch runs under the change-log lock rather than holding its rows `FOR SHARE`: a
+/// commit updating two of them in another order than the scan's deadlocked with it.
 #[tracing::instrument(name = "db.scope.prepare.scan_batch", level = "debug", skip_all)]
 pub async fn scan_batch(tx: &Transaction<'_>, plan: &Plan) -> DbResult<bool> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
     let Some(set) = set_version(tx, plan.version).await? else { return Ok(false) };
     if set.state != "preparing" {
         return Ok(false);
     }
+    let head = set.scan_head.ok_or_else(|| {
+        DbError::Other(format!("scope set version {} is scanned before it began", set.version).into())
+    })?;
     let after = set.scan_after.clone().unwrap_or_default();
     let rows = tx
         .query(
-            "SELECT id, change_id, form_type, data FROM records WHERE id > $1 ORDER BY id LIMIT $2 FOR SHARE",
-            &[&after, &BATCH],
+            "SELECT id, change_id, form_type, data FROM records
+              WHERE id > $1 AND change_id <= $3 ORDER BY id LIMIT $2",
+            &[&after, &BATCH, &head],
         )
         .await?;
     let Some(last) = rows.last() else { return Ok(false) };
@@ -103,7 +115,7 @@ pub async fn scan_batch(tx: &Transaction<'_>, plan: &Plan) -> DbResult<bool> {
     if !plan.backfill.is_empty() {
         let families: Vec<&str> = plan.backfill.family_ids().collect();
         // Rows of these families left by an earlier preparation that was replaced may be stale;
-        // the batch holds its records' rows, so what it computed is their current state.
+        // no record changes under the change-log lock, so what it computed is their current state.
         tx.execute(
             "DELETE FROM scope_rows s USING unnest($1::text[]) AS b(id)
              WHERE s.record_id = b.id AND split_part(s.key, '=', 1) = ANY($2)
