@@ -1,14 +1,12 @@
 //! Attachments (docs/api.md §10 and 17.7): uploads are staged here and handed to the AttachmentStore
 //! actor; downloads, manifests and the ZIP export read the pool and the blob store directly.
 
-use actix_multipart::Multipart;
 use actix_web::body::SizedStream;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse};
-use futures_util::StreamExt;
 use serde_json::Value;
 
-use crate::actors::attachment_store::{self, BlobPaths, Staged, Staging, Store};
+use crate::actors::attachment_store::{self, BlobPaths, Staged, Store};
 use crate::db::attachments::{self, AttachmentRow};
 use crate::db::records;
 use crate::db::replicas::Target;
@@ -28,131 +26,15 @@ use crate::http::wire::attachments::{
 };
 use crate::state::AppState;
 
+mod body;
+use body::{check_declared_length, header_str, is_multipart, read_multipart, stage};
+
 /// Room for multipart boundaries and part headers when checking Content-Length against the limit.
 const MULTIPART_OVERHEAD: u64 = 64 * 1024;
 const CACHE_CONTROL: &str = "private, max-age=31536000, immutable";
 
 fn blob_paths(st: &AppState) -> BlobPaths {
     BlobPaths::new(&st.config.attachments_path)
-}
-
-fn declared_length(req: &HttpRequest) -> Option<u64> {
-    req.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
-}
-
-fn header_str<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
-    req.headers().get(name).and_then(|v| v.to_str().ok())
-}
-
-fn is_multipart(req: &HttpRequest) -> bool {
-    header_str(req, "content-type")
-        .is_some_and(|t| t.trim().to_ascii_lowercase().starts_with("multipart/form-data"))
-}
-
-/// The file part of a multipart upload and what came with it.
-struct MultipartUpload {
-    staged: Staged,
-    content_type: Option<String>,
-    filename: Option<String>,
-    attachment_id: Option<String>,
-}
-
-/// Reads a multipart body: the part named `file`, else the only part carrying a filename, plus an
-/// optional `attachment_id` text field. Other parts are read and dropped (counted against the limit).
-async fn read_multipart(
-    req: &HttpRequest,
-    payload: web::Payload,
-    paths: &BlobPaths,
-    limit: u64,
-) -> ApiResult<MultipartUpload> {
-    let malformed =
-        |e: actix_multipart::MultipartError| ApiError::bad_request(format!("Malformed multipart body: {e}"));
-    let mut parts = Multipart::new(req.headers(), payload);
-    let mut named: Option<MultipartUpload> = None;
-    let mut only: Option<MultipartUpload> = None;
-    let mut unnamed_files = 0;
-    let mut attachment_id = None;
-    let mut discarded: u64 = 0;
-    while let Some(field) = parts.next().await {
-        let mut field = field.map_err(malformed)?;
-        let name = field.name().unwrap_or("").to_string();
-        let filename = field.content_disposition().and_then(|cd| cd.get_filename()).map(str::to_string);
-        let content_type = field.content_type().map(|m| m.to_string());
-        if name == "file" && named.is_none() {
-            let staged = stage(paths, &mut field, limit).await?;
-            named = Some(MultipartUpload { staged, content_type, filename, attachment_id: None });
-            continue;
-        }
-        if name == "attachment_id" && filename.is_none() {
-            attachment_id = Some(read_text(&mut field).await?);
-            continue;
-        }
-        if filename.is_some() && named.is_none() {
-            unnamed_files += 1;
-            if unnamed_files == 1 {
-                let staged = stage(paths, &mut field, limit).await?;
-                only = Some(MultipartUpload { staged, content_type, filename, attachment_id: None });
-                continue;
-            }
-            only = None;
-        }
-        // A field must not be polled once it has ended, so only parts nobody read are drained.
-        while let Some(chunk) = field.next().await {
-            discarded += chunk.map_err(malformed)?.len() as u64;
-            if discarded > limit {
-                return Err(too_large(limit));
-            }
-        }
-    }
-    let file = named.or(if unnamed_files == 1 { only } else { None });
-    let mut upload = file.ok_or_else(|| {
-        ApiError::bad_request("Multipart body has no file part (expected a part named 'file')")
-            .with_path("file")
-    })?;
-    upload.attachment_id = attachment_id;
-    Ok(upload)
-}
-
-/// A short text field (`attachment_id`).
-async fn read_text(field: &mut actix_multipart::Field) -> ApiResult<String> {
-    let mut text = Vec::new();
-    while let Some(chunk) = field.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("Malformed multipart body: {e}")))?;
-        text.extend_from_slice(&chunk);
-        if text.len() > rules::MAX_ID_BYTES * 4 {
-            return Err(ApiError::bad_request("Invalid attachment id: it must be 1 to 512 bytes long"));
-        }
-    }
-    String::from_utf8(text).map_err(|_| ApiError::bad_request("'attachment_id' must be UTF-8 text"))
-}
-
-/// Streams an upload's `body` into a new staged temp file; more than `limit` bytes is a 413, a
-/// body that breaks off a 400.
-async fn stage<E: std::fmt::Display>(
-    paths: &BlobPaths,
-    mut body: impl futures_util::Stream<Item = Result<web::Bytes, E>> + Unpin,
-    limit: u64,
-) -> ApiResult<Staged> {
-    let mut staging = Staging::new(paths).await?;
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("Could not read the upload: {e}")))?;
-        if staging.size() + chunk.len() as u64 > limit {
-            return Err(too_large(limit));
-        }
-        staging.write(&chunk).await?;
-    }
-    Ok(staging.finish().await?)
-}
-
-fn too_large(limit: u64) -> ApiError {
-    ApiError::new(ErrorCode::PayloadTooLarge, format!("Attachment exceeds {limit} bytes"))
-}
-
-fn check_declared_length(req: &HttpRequest, limit: u64, overhead: u64) -> ApiResult<()> {
-    match declared_length(req) {
-        Some(n) if n > limit.saturating_add(overhead) => Err(too_large(limit)),
-        _ => Ok(()),
-    }
 }
 
 async fn store(
