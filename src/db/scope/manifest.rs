@@ -9,7 +9,7 @@
 use deadpool_postgres::GenericClient;
 
 use crate::db::attachments::AttachmentRow;
-use crate::db::scope::pull::{candidates, USER_ROWS};
+use crate::db::scope::pull::{candidates, user_rows};
 use crate::db::scope::read::attachment_visible_sql;
 use crate::db::DbResult;
 
@@ -34,9 +34,9 @@ pub async fn changes_after(
     if !scoped {
         return Ok(None);
     }
-    let candidates = candidates(false);
+    let (user_rows, candidates) = (user_rows(), candidates(false));
     let sql = format!(
-        "WITH {USER_ROWS}{candidates}
+        "WITH {user_rows}{candidates}
          ), named AS (
              SELECT ar.attachment_id AS id, max(c.at) AS at FROM cand c
                JOIN attachment_refs ar ON ar.record_id = c.record_id GROUP BY ar.attachment_id
