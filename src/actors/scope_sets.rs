@@ -15,15 +15,13 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::clock::Clock;
-use crate::db::scope::prepare::{self, Plan};
+use crate::db::scope::prepare::{self, Plan, PREPARATION_LOCK};
 use crate::db::scope::{self, NewVersion};
 use crate::db::{audit, DbError};
 use crate::domain::audit::{Action, Origin};
 use crate::domain::scope::ScopeRules;
 use crate::error::{ApiError, ApiResult};
 
-/// Held (as a session lock) by the node preparing a version.
-const PREPARATION_LOCK: i64 = 0x5359_4e4b_0030;
 /// How often a node looks for a version to prepare or leftovers to remove, besides being woken.
 const POLL: Duration = Duration::from_secs(2);
 /// Catch-up rounds stop and the switch takes the rest (under the change-log lock) once a round
@@ -175,14 +173,16 @@ impl Preparer {
         let plan = Plan::new(&set, active.as_deref())?;
         prepare::begin(&*db, version).await?;
         tracing::info!(version, "preparing the scope set");
-        loop {
-            let tx = db.transaction().await.map_err(DbError::from)?;
-            let more = prepare::scan_batch(&tx, &plan).await?;
-            tx.commit().await.map_err(DbError::from)?;
-            if !more {
-                break;
+        while let Some(batch) = prepare::read_batch(&*db, &plan).await? {
+            for (after, chunk) in batch.chunks() {
+                let tx = db.transaction().await.map_err(DbError::from)?;
+                let written = prepare::write_chunk(&tx, &plan, chunk, after).await?;
+                tx.commit().await.map_err(DbError::from)?;
+                if !written {
+                    break;
+                }
+                tokio::task::yield_now().await;
             }
-            tokio::task::yield_now().await;
         }
         loop {
             let tx = db.transaction().await.map_err(DbError::from)?;

@@ -29,6 +29,7 @@ mod pull_stream;
 mod replica;
 mod resilience;
 mod scope_model;
+mod scope_prepare;
 mod scopes;
 mod shutdown;
 mod stats;

@@ -15,10 +15,16 @@ use crate::domain::scope::{
     changed_keys, KeyPlan, ScopeRules, Touched, UserAttributes, UserFacts, Visibility, ALL,
 };
 
-/// Records per batch: a batch holds the change-log lock (a commit waits for at most one batch, and
-/// no record changes under it) and commits its progress with its rows, so a crash loses at most
-/// one batch.
+/// Held (as a session lock) by the node preparing a version.
+pub const PREPARATION_LOCK: i64 = 0x5359_4e4b_0030;
+
+/// Records read per batch, without any lock (the reading and the key computation are most of a
+/// batch's time).
 pub const BATCH: i64 = 1_000;
+
+/// Records written per transaction under the change-log lock: a commit waits for at most one
+/// chunk's writes, and a crash loses at most one chunk.
+pub const WRITE_CHUNK: usize = 200;
 
 /// What a preparation does for one version, derived once from the two sets.
 pub struct Plan {
@@ -64,58 +70,123 @@ pub async fn begin(db: &impl GenericClient, version: i64) -> DbResult<()> {
     Ok(())
 }
 
-/// Scans the next batch of records by id; false when the scan is complete.
+/// One record as the scan read it: the change it was read at and what the new families need of it.
+#[derive(Debug)]
+pub struct Scanned {
+    id: String,
+    change_id: i64,
+    keys: Vec<String>,
+    refs: Vec<String>,
+}
+
+/// The records after the scan's position `after`, in id order.
+#[derive(Debug)]
+pub struct Batch {
+    after: String,
+    records: Vec<Scanned>,
+}
+
+impl Batch {
+    /// The chunks to write in turn, each with the scan position it follows.
+    pub fn chunks(&self) -> impl Iterator<Item = (&str, &[Scanned])> {
+        self.records.chunks(WRITE_CHUNK).scan(self.after.as_str(), |after, chunk| {
+            let follows = *after;
+            *after = chunk.last().map_or(follows, |r| r.id.as_str());
+            Some((follows, chunk))
+        })
+    }
+}
+
+/// The next records of the scan in id order, read without a lock, with their keys and references
+/// computed; `None` when the scan is complete or the version is no longer being prepared.
 ///
 /// Only records last changed at or below the head the scan began at: a later change was committed
 /// while the version was being prepared, so its commit wrote its keys and references and the
 /// catch-up gives it its slot. Without that bound a push rate above the scan's kept it from ever
-/// ending. The batch runs under the change-log lock rather than holding its rows `FOR SHARE`: a
-/// commit updating two of them in another order than the scan's deadlocked with it.
-#[tracing::instrument(name = "db.scope.prepare.scan_batch", level = "debug", skip_all)]
-pub async fn scan_batch(tx: &Transaction<'_>, plan: &Plan) -> DbResult<bool> {
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
-    let Some(set) = set_version(tx, plan.version).await? else { return Ok(false) };
+/// ending.
+#[tracing::instrument(name = "db.scope.prepare.read_batch", level = "debug", skip_all)]
+pub async fn read_batch(db: &impl GenericClient, plan: &Plan) -> DbResult<Option<Batch>> {
+    let Some(set) = set_version(db, plan.version).await? else { return Ok(None) };
     if set.state != "preparing" {
-        return Ok(false);
+        return Ok(None);
     }
     let head = set.scan_head.ok_or_else(|| {
         DbError::Other(format!("scope set version {} is scanned before it began", set.version).into())
     })?;
-    let after = set.scan_after.clone().unwrap_or_default();
-    let rows = tx
+    let after = set.scan_after.unwrap_or_default();
+    let rows = db
         .query(
             "SELECT id, change_id, form_type, data FROM records
               WHERE id > $1 AND change_id <= $3 ORDER BY id LIMIT $2",
             &[&after, &BATCH, &head],
         )
         .await?;
-    let Some(last) = rows.last() else { return Ok(false) };
-    let last_id: String = last.get(0);
-    let mut ids = Vec::with_capacity(rows.len());
-    let (mut keys, mut key_records, mut key_changes) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut refs, mut ref_records) = (Vec::new(), Vec::new());
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut records = Vec::with_capacity(rows.len());
     for row in &rows {
         let id: String = row.get(0);
-        let change_id: i64 = row.get(1);
-        let form_type: &str = row.get(2);
-        let data: &str = row.get(3);
-        for key in plan.backfill.record_keys(form_type, data).map_err(|e| stored_data_error(&id, e))? {
-            keys.push(key);
-            key_records.push(id.clone());
-            key_changes.push(change_id);
-        }
-        if plan.refs {
-            for attachment in attachment_refs(data).map_err(|e| stored_data_error(&id, e))? {
-                refs.push(attachment);
-                ref_records.push(id.clone());
+        let (form_type, data): (&str, &str) = (row.get(2), row.get(3));
+        let keys = plan.backfill.record_keys(form_type, data).map_err(|e| stored_data_error(&id, e))?;
+        let refs = match plan.refs {
+            true => attachment_refs(data).map_err(|e| stored_data_error(&id, e))?,
+            false => Vec::new(),
+        };
+        records.push(Scanned { change_id: row.get(1), id, keys, refs });
+    }
+    Ok(Some(Batch { after, records }))
+}
+
+/// Writes what [`read_batch`] computed for `chunk` (the next records after the scan's position, in
+/// its order) and moves the position past them, under the change-log lock. A record changed since
+/// it was read is left alone: its commit wrote the new families' keys and references itself (every
+/// commit since the version was stored does), and the catch-up gives it its slot. Under the lock no
+/// commit is half-way, so "not changed" is checked against every commit there is. False when the
+/// scan moved under the reader (a repository reset started it again, or the version was replaced):
+/// nothing was written, and the caller reads again.
+#[tracing::instrument(name = "db.scope.prepare.write_chunk", level = "debug", skip_all)]
+pub async fn write_chunk(
+    tx: &Transaction<'_>,
+    plan: &Plan,
+    chunk: &[Scanned],
+    after: &str,
+) -> DbResult<bool> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
+    let Some(set) = set_version(tx, plan.version).await? else { return Ok(false) };
+    let Some(last) = chunk.last() else { return Ok(true) };
+    if set.state != "preparing"
+        || set.scan_head.is_none()
+        || set.scan_after.as_deref().unwrap_or_default() != after
+    {
+        return Ok(false);
+    }
+    let (read_ids, read_changes): (Vec<&str>, Vec<i64>) =
+        chunk.iter().map(|r| (r.id.as_str(), r.change_id)).unzip();
+    let unchanged: std::collections::HashSet<String> = tx
+        .query(
+            "SELECT r.id FROM unnest($1::text[], $2::int8[]) AS b(id, change_id)
+               JOIN records r ON r.id = b.id AND r.change_id = b.change_id",
+            &[&read_ids, &read_changes],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let current: Vec<&Scanned> = chunk.iter().filter(|r| unchanged.contains(&r.id)).collect();
+    let ids: Vec<&str> = current.iter().map(|r| r.id.as_str()).collect();
+    if !plan.backfill.is_empty() {
+        let (mut keys, mut key_records, mut key_changes) = (Vec::new(), Vec::new(), Vec::new());
+        for record in &current {
+            for key in &record.keys {
+                keys.push(key.as_str());
+                key_records.push(record.id.as_str());
+                key_changes.push(record.change_id);
             }
         }
-        ids.push(id);
-    }
-    if !plan.backfill.is_empty() {
         let families: Vec<&str> = plan.backfill.family_ids().collect();
         // Rows of these families left by an earlier preparation that was replaced may be stale;
-        // no record changes under the change-log lock, so what it computed is their current state.
+        // the records are unchanged since they were read, so what was computed is their state.
         tx.execute(
             "DELETE FROM scope_rows s USING unnest($1::text[]) AS b(id)
              WHERE s.record_id = b.id AND split_part(s.key, '=', 1) = ANY($2)
@@ -134,6 +205,13 @@ pub async fn scan_batch(tx: &Transaction<'_>, plan: &Plan) -> DbResult<bool> {
         .await?;
     }
     if plan.refs {
+        let (mut refs, mut ref_records) = (Vec::new(), Vec::new());
+        for record in &current {
+            for attachment in &record.refs {
+                refs.push(attachment.as_str());
+                ref_records.push(record.id.as_str());
+            }
+        }
         tx.execute("DELETE FROM attachment_refs WHERE record_id = ANY($1)", &[&ids]).await?;
         tx.execute(
             "INSERT INTO attachment_refs (attachment_id, record_id)
@@ -145,7 +223,7 @@ pub async fn scan_batch(tx: &Transaction<'_>, plan: &Plan) -> DbResult<bool> {
     let slots = assign_slots(tx, plan, &ids, set.slots).await?;
     tx.execute(
         "UPDATE scope_sets SET scan_after = $2, scanned = scanned + $3, slots = $4 WHERE version = $1",
-        &[&plan.version, &last_id, &(ids.len() as i64), &slots],
+        &[&plan.version, &last.id, &(chunk.len() as i64), &slots],
     )
     .await?;
     Ok(true)
@@ -158,7 +236,7 @@ fn stored_data_error(id: &str, error: serde_json::Error) -> DbError {
 /// Gives each of `ids` that is in a touched bucket a slot in the version's redelivery (keeping
 /// the slot a record already has) and lists it under each touched key it is in. Returns the
 /// number of slots handed out so far.
-async fn assign_slots(tx: &Transaction<'_>, plan: &Plan, ids: &[String], slots: i64) -> DbResult<i64> {
+async fn assign_slots(tx: &Transaction<'_>, plan: &Plan, ids: &[&str], slots: i64) -> DbResult<i64> {
     if plan.touched.is_nothing() || ids.is_empty() {
         return Ok(slots);
     }
@@ -212,7 +290,7 @@ pub async fn catch_up(tx: &Transaction<'_>, plan: &Plan, limit: Option<i64>) -> 
         .await?;
     let Some(last) = rows.last() else { return Ok(0) };
     let up_to: i64 = last.get(1);
-    let ids: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    let ids: Vec<&str> = rows.iter().map(|row| row.get(0)).collect();
     let slots = assign_slots(tx, plan, &ids, set.slots).await?;
     tx.execute(
         "UPDATE scope_sets SET scan_head = $2, slots = $3 WHERE version = $1",
