@@ -16,7 +16,7 @@ use super::marks;
 use super::record_row::{self, JsonColumn, Row, Rows};
 use super::records::{self, raw_json};
 use crate::db::scope::ScopeState;
-use crate::db::{stats, DbResult};
+use crate::db::{stats, DbError, DbResult};
 use crate::domain::sync::plan::{CurrentState, Plan, Push, StoredTransmission, Unreadable};
 use crate::monitoring::CommitPhases;
 
@@ -98,19 +98,45 @@ pub async fn lock_and_read(
     // try_join! polls in argument order, and a prepared statement is sent on its first poll.
     let lock_params: &[&Param<'_>] = &[&records::CHANGELOG_LOCK];
     let keys: &[&Param<'_>] = &[&client_ids, &transmission_ids];
-    let wanted: &[&Param<'_>] = &[&ids, &need_data];
     let (_, _, head, transmissions, states) = futures_util::try_join!(
         tx.execute(&probes_only, &[]),
         tx.execute(&lock, lock_params),
         tx.query_one(&head, &[]),
         tx.query(&transmissions, keys),
-        tx.query(&states, wanted),
+        read_states(tx, &states, ids, need_data),
     )?;
     Ok(PlanInputs {
         base: base_of(&head)?,
         transmissions: stored_transmissions(&transmissions)?,
         states: current_states(&states)?,
     })
+}
+
+/// Reads the stored state of `ids` (sorted), with the data of `need_data` among them, a slice of
+/// ids per statement, all sent at once (one round trip). As one array, the ids of a push of
+/// 300,000 records made a message of 6 MB, and the connection keeps the buffers it grew for its
+/// largest message (some 21 MB) for as long as it lives (docs/api.md §18.4).
+async fn read_states(
+    tx: &Transaction<'_>,
+    statement: &tokio_postgres::Statement,
+    ids: &[&str],
+    need_data: &[&str],
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    const IDS_PER_STATEMENT: usize = 4096;
+    let mut need_data = need_data.to_vec();
+    need_data.sort_unstable();
+    // Those of `need_data` (among `ids`, both sorted) up to the last id of each slice.
+    let mut rest = need_data.as_slice();
+    let reads = ids.chunks(IDS_PER_STATEMENT).map(|chunk| {
+        let upto = chunk.last().map_or(0, |last| rest.partition_point(|id| id <= last));
+        let (wanted, after) = rest.split_at(upto);
+        rest = after;
+        async move {
+            let params: &[&Param<'_>] = &[&chunk, &wanted];
+            tx.query(statement, params).await
+        }
+    });
+    Ok(futures_util::future::try_join_all(reads).await?.into_iter().flatten().collect())
 }
 
 /// The reads of a commit written ahead of the lock (see `actors::change_log`): what
@@ -131,12 +157,11 @@ pub async fn read_ahead(
         tx.prepare_cached(STATES_SQL),
     )?;
     let keys: &[&Param<'_>] = &[&client_ids, &transmission_ids];
-    let wanted: &[&Param<'_>] = &[&ids, &need_data];
     let (_, _, transmissions, states) = futures_util::try_join!(
         tx.execute(&probes_only, &[]),
         tx.batch_execute("SET LOCAL lock_timeout = '1s'"),
         tx.query(&transmissions, keys),
-        tx.query(&states, wanted),
+        read_states(tx, &states, ids, need_data),
     )?;
     Ok((stored_transmissions(&transmissions)?, current_states(&states)?))
 }
@@ -216,6 +241,7 @@ pub async fn write_ahead(
     copy_rows_at(db, plan, &current_revisions(plan), synced_at).await?;
     phases.lap("copy");
     insert_transmissions(db, pushes, plan).await?;
+    copy_big_results(db, pushes, plan).await?;
     phases.lap("transmissions");
     Ok(())
 }
@@ -228,12 +254,12 @@ pub async fn finish_ahead(db: &Transaction<'_>, pushes: &[&Push], plan: &Plan<'_
         db,
         &[],
         current_revisions(plan).into_iter().map(|i| {
-            let r = &plan.revisions[i];
+            let r = plan.revision(i);
             (r.record.form_type(), r.created_at, r.record.deleted)
         }),
     );
     let head = async {
-        if !plan.revisions.is_empty() {
+        if plan.revision_count() > 0 {
             let statement = db.prepare_cached(records::SET_HEAD_SQL).await?;
             db.execute(&statement, &[&plan.head]).await?;
         }
@@ -257,11 +283,11 @@ fn pushers<'a>(pushes: &[&'a Push]) -> Vec<&'a str> {
 
 /// The revisions of a plan that become current states: every one no later revision replaces.
 fn current_revisions(plan: &Plan<'_>) -> Vec<usize> {
-    let mut superseded = vec![false; plan.revisions.len()];
+    let mut superseded = vec![false; plan.revision_count()];
     for &i in &plan.superseded_in_batch {
         superseded[i] = true;
     }
-    (0..plan.revisions.len()).filter(|&i| !superseded[i]).collect()
+    (0..plan.revision_count()).filter(|&i| !superseded[i]).collect()
 }
 
 /// The plan's revisions at `indexes` as record rows. Every value is borrowed from the pushes
@@ -271,7 +297,7 @@ fn current_revisions(plan: &Plan<'_>) -> Vec<usize> {
 /// copy of its plan (docs/api.md §18.4).
 fn rows_of<'a>(plan: &Plan<'a>, indexes: &[usize], synced_at: DateTime<Utc>) -> Rows<'a> {
     let mut rows = Rows::with_capacity(indexes.len());
-    for r in indexes.iter().map(|&i| &plan.revisions[i]) {
+    for r in indexes.iter().map(|&i| plan.revision(i)) {
         let (rec, push) = (r.record, r.push);
         rows.push(Row {
             id: rec.id(),
@@ -334,7 +360,7 @@ pub async fn write_plan(
         db,
         overwritten_ids,
         current.iter().map(|&i| {
-            let r = &plan.revisions[i];
+            let r = plan.revision(i);
             (r.record.form_type(), r.created_at, r.record.deleted)
         }),
     );
@@ -347,8 +373,10 @@ pub async fn write_plan(
     // insert then waits for it to roll back, which it does, not getting the lock this one holds.)
     let stored: std::collections::HashSet<&str> = overwritten_ids.iter().copied().collect();
     let (updates, inserts): (Vec<usize>, Vec<usize>) =
-        current.into_iter().partition(|&i| stored.contains(plan.revisions[i].record.id()));
+        current.into_iter().partition(|&i| stored.contains(plan.revision_id(i)));
     copy_rows_at(db, plan, &inserts, synced_at).await?;
+    drop(inserts);
+    copy_big_results(db, pushes, plan).await?;
     phases.lap("copy");
     let update = async {
         if !updates.is_empty() {
@@ -359,7 +387,7 @@ pub async fn write_plan(
     };
     let head = async {
         // Every revision and refusal took an id: none means the head stays (a batch of replays).
-        if !plan.revisions.is_empty() || !plan.refusals.is_empty() {
+        if plan.revision_count() > 0 || !plan.refusals.is_empty() {
             let statement = db.prepare_cached(records::SET_HEAD_SQL).await?;
             db.execute(&statement, &[&plan.head]).await?;
         }
@@ -400,7 +428,8 @@ async fn insert_revision_rows(db: &impl GenericClient, rows: &Rows<'_>) -> DbRes
     Ok(())
 }
 
-/// Stores the results of the plan's named transmissions, for idempotent replay.
+/// Stores the results of the plan's named transmissions, for idempotent replay; those of more
+/// than [`COPIED_RESULT_ITEMS`] items are [`copy_big_results`]'s.
 #[tracing::instrument(name = "db.commit.insert_transmissions", level = "debug", skip_all)]
 pub async fn insert_transmissions(
     db: &impl GenericClient,
@@ -412,6 +441,9 @@ pub async fn insert_transmissions(
     let mut prints = Vec::new();
     let mut results = Vec::new();
     for (push, transmission_id, result) in plan.transmissions(pushes) {
+        if result.items.len() > COPIED_RESULT_ITEMS {
+            continue;
+        }
         clients.push(push.client_id.as_str());
         ids.push(transmission_id);
         prints.push(push.fingerprint.as_slice());
@@ -428,4 +460,92 @@ pub async fn insert_transmissions(
         .await?;
     db.execute(&statement, &[&clients, &ids, &prints, &results]).await?;
     Ok(())
+}
+
+/// A result of more items than this (some 0.5 MB of JSON) is stored by [`copy_big_results`].
+const COPIED_RESULT_ITEMS: usize = 16_384;
+
+/// The JSON of a result is sent in pieces of this size.
+const RESULT_PIECE: usize = 64 * 1024;
+
+const TRANSMISSION_COPY_SQL: &str =
+    "COPY transmissions (client_id, transmission_id, fingerprint, result) FROM STDIN (FORMAT binary)";
+
+/// Stores the big results of the plan's named transmissions through COPY, a row each, its JSON
+/// written in pieces of 64 KiB. As a statement's parameter, the result of a push of 300,000
+/// records (8 MB of JSON) was grown by doubling in the client's buffer, then copied whole into
+/// the connection's: some 30 MB at the commit's peak, and the connection kept both buffers
+/// (docs/api.md §18.4). Runs alone on the transaction: a COPY takes the connection until it ends.
+#[tracing::instrument(name = "db.commit.copy_big_results", level = "debug", skip_all)]
+async fn copy_big_results(db: &Transaction<'_>, pushes: &[&Push], plan: &Plan<'_>) -> DbResult<()> {
+    use bytes::BufMut;
+    use futures_util::SinkExt;
+
+    for (push, transmission_id, result) in plan.transmissions(pushes) {
+        if result.items.len() <= COPIED_RESULT_ITEMS {
+            continue;
+        }
+        let mut json = Pieces { done: Vec::new(), current: bytes::BytesMut::with_capacity(RESULT_PIECE) };
+        serde_json::to_writer(&mut json, result).map_err(|e| DbError::Other(e.into()))?;
+        let json = json.finish();
+        let json_len: usize = json.iter().map(bytes::Bytes::len).sum();
+        // The binary COPY header, then one row of four fields, each its length then its bytes; a
+        // jsonb field starts with its format version, 1.
+        let mut head = bytes::BytesMut::new();
+        head.put_slice(b"PGCOPY\n\xff\r\n\0");
+        head.put_i32(0);
+        head.put_i32(0);
+        head.put_i16(4);
+        for field in [push.client_id.as_bytes(), transmission_id.as_bytes(), &push.fingerprint] {
+            head.put_i32(field_len(field.len())?);
+            head.put_slice(field);
+        }
+        head.put_i32(field_len(json_len + 1)?);
+        head.put_u8(1);
+        let statement = db.prepare_cached(TRANSMISSION_COPY_SQL).await?;
+        let sink = db.copy_in(&statement).await?;
+        let mut sink = std::pin::pin!(sink);
+        sink.send(head.freeze()).await?;
+        for piece in json {
+            sink.send(piece).await?;
+        }
+        sink.send(bytes::Bytes::from_static(&[0xff, 0xff])).await?;
+        sink.as_mut().finish().await?;
+    }
+    Ok(())
+}
+
+fn field_len(len: usize) -> DbResult<i32> {
+    i32::try_from(len)
+        .map_err(|_| DbError::Other(format!("a field of {len} bytes is too long for COPY").into()))
+}
+
+/// JSON written in pieces of [`RESULT_PIECE`] bytes.
+struct Pieces {
+    done: Vec<bytes::Bytes>,
+    current: bytes::BytesMut,
+}
+
+impl Pieces {
+    fn finish(mut self) -> Vec<bytes::Bytes> {
+        if !self.current.is_empty() {
+            self.done.push(self.current.freeze());
+        }
+        self.done
+    }
+}
+
+impl std::io::Write for Pieces {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if !self.current.is_empty() && self.current.len() + buf.len() > RESULT_PIECE {
+            let full = std::mem::replace(&mut self.current, bytes::BytesMut::with_capacity(RESULT_PIECE));
+            self.done.push(full.freeze());
+        }
+        self.current.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -17,7 +17,7 @@ use crate::domain::audit::Origin;
 use crate::domain::bundle::BundleFilePath;
 use crate::domain::sync::push_body::Received;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::http::body_budget::BodyPermit;
+use crate::http::body_budget::{BodyBuffer, BodyPermit};
 use crate::state::AppState;
 
 pub fn state(req: &HttpRequest) -> ApiResult<&AppState> {
@@ -147,13 +147,13 @@ impl FromRequest for BodyBytes {
                 return Err(too_large(limit));
             }
             let mut permit = budget.reserve(declared.unwrap_or(0)).await?;
-            let mut body = web::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
+            let mut body = BodyBuffer::with_capacity(declared.unwrap_or(0).min(limit));
             while let Some(chunk) = payload.next().await {
                 let chunk = chunk.map_err(|_| ApiError::bad_request("Could not read the request body"))?;
-                if body.len() + chunk.len() > limit {
+                if body.received() + chunk.len() > limit {
                     return Err(too_large(limit));
                 }
-                permit.cover_growing(body.len() + chunk.len(), limit).await?;
+                permit.cover_growing(body.received() + chunk.len(), limit).await?;
                 body.extend_from_slice(&chunk);
             }
             Ok(BodyBytes { bytes: body.freeze(), permit })

@@ -3,9 +3,10 @@
 //! commit fails or another commit comes in between. Each case is staged by holding the server's
 //! commits at named points (`ChangeLogHandle::pauses`, in debug builds), so the order is certain;
 //! the scheduler's rules themselves are property-tested without a database
-//! (`actors::change_log::scheduler`).
+//! (`actors::change_log::scheduler`). Last, a big push's result, which the commit stores through
+//! COPY rather than as a parameter, replays as it was answered.
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use synkronus::actors::change_log::pauses::{Held, Point};
 use tokio::task::JoinHandle;
@@ -166,4 +167,31 @@ async fn a_group_written_ahead_of_a_failed_commit_is_redone_and_the_failed_push_
     assert_eq!(versions(&app, &admin, &b_ids).await, (1..=20).collect::<Vec<_>>());
     assert_eq!(versions(&app, &admin, &a_ids).await, (21..=50).collect::<Vec<_>>());
     assert_counted(&app, &admin, 50).await;
+}
+
+/// A push of more records than a result the commit stores as a statement's parameter (its JSON is
+/// copied in, in pieces; src/db/commit.rs), in a body of over 1 MiB (read into a mapping of its
+/// own): its retry replays the answer it got, read back from what was stored.
+#[actix_web::test]
+async fn a_big_push_replays_the_result_it_was_answered() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let records: Vec<Value> = (0..20_000)
+        .map(|i| json!({"id": format!("big-{i}"), "schema_type": "f", "data": {"i": i}}))
+        .collect();
+    let body = json!({"transmission_id": "t-big", "client_id": "device-big", "records": records});
+    assert!(body.to_string().len() > 1 << 20);
+    let first = app.send(Method::POST, "/sync/push", Some(&admin), Some(body.clone())).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(first.headers().get("x-idempotent-replay").is_none());
+    let first: Value = first.json().await.expect("json");
+    let successes = first["successes"].as_array().expect("successes");
+    assert_eq!(successes.len(), 20_000);
+    assert_eq!(successes[19_999], json!({"id": "big-19999", "change_id": 20_000}));
+
+    let retry = app.send(Method::POST, "/sync/push", Some(&admin), Some(body)).await;
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert_eq!(retry.headers().get("x-idempotent-replay").and_then(|v| v.to_str().ok()), Some("true"));
+    assert_eq!(retry.json::<Value>().await.expect("json"), first);
+    assert_counted(&app, &admin, 20_000).await;
 }

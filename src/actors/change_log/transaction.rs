@@ -189,15 +189,18 @@ async fn commit(
     // The records of every push are read as if all applied: replays are rare, and reading with
     // the lock saves a round trip that every commit would otherwise pay.
     let (clients, transmission_ids) = plan::transmission_keys(pushes);
-    let (all_ids, all_need_data) = plan::records_to_read(pushes, &vec![Decision::Apply; pushes.len()]);
-    let inputs = commit::lock_and_read(&tx, &clients, &transmission_ids, &all_ids, &all_need_data).await?;
+    let inputs = {
+        // Dropped once read: a list of every record id is some 5 MB for a push of 300,000.
+        let (ids, need_data) = plan::records_to_read(pushes, &vec![Decision::Apply; pushes.len()]);
+        commit::lock_and_read(&tx, &clients, &transmission_ids, &ids, &need_data).await?
+    };
     phases.lap("lock_and_read");
     let Base { head, repository_generation, scope } = inputs.base;
     let decisions = plan::decide(pushes, inputs.transmissions, repository_generation);
     let mut states = inputs.states;
-    let (ids, _) = plan::records_to_read(pushes, &decisions);
-    if ids.len() != all_ids.len() {
+    if decisions.iter().any(|d| !matches!(d, Decision::Apply)) {
         // Only the records this batch writes count as overwritten.
+        let (ids, _) = plan::records_to_read(pushes, &decisions);
         states.retain(|id, _| ids.binary_search(&id.as_str()).is_ok());
     }
     // Scoped sync (docs/api.md §20): the keys to write, and the updates to refuse.
@@ -218,7 +221,8 @@ async fn commit(
     let overwritten: Vec<&str> = if plan.refusals.is_empty() {
         states.keys().map(String::as_str).collect()
     } else {
-        let revised: std::collections::HashSet<&str> = plan.revisions.iter().map(|r| r.record.id()).collect();
+        let revised: std::collections::HashSet<&str> =
+            (0..plan.revision_count()).map(|i| plan.revision_id(i)).collect();
         states.keys().map(String::as_str).filter(|id| revised.contains(id)).collect()
     };
     phases.lap("plan");
@@ -244,9 +248,10 @@ async fn commit_ahead(
     reporter: &Reporter,
 ) -> DbResult<Option<Vec<Answer>>> {
     let (clients, transmission_ids) = plan::transmission_keys(pushes);
-    let (ids, need_data) = plan::records_to_read(pushes, &vec![Decision::Apply; pushes.len()]);
-    let (transmissions, states) =
-        commit::read_ahead(&tx, &clients, &transmission_ids, &ids, &need_data).await?;
+    let (transmissions, states) = {
+        let (ids, need_data) = plan::records_to_read(pushes, &vec![Decision::Apply; pushes.len()]);
+        commit::read_ahead(&tx, &clients, &transmission_ids, &ids, &need_data).await?
+    };
     phases.lap("read_ahead");
     if !states.is_empty() {
         // Overwrites move the kept statistics by the stored rows, which needs the lock first.

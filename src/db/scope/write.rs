@@ -203,12 +203,12 @@ pub async fn write_plan(
     plan: &Plan<'_>,
     stored: &HashMap<String, CurrentState>,
 ) -> DbResult<()> {
-    let mut superseded = vec![false; plan.revisions.len()];
+    let mut superseded = vec![false; plan.revision_count()];
     for &i in &plan.superseded_in_batch {
         superseded[i] = true;
     }
     let mut written = WrittenRecords::default();
-    for (revision, _) in plan.revisions.iter().zip(&superseded).filter(|(_, superseded)| !**superseded) {
+    for (revision, _) in plan.revisions().zip(&superseded).filter(|(_, superseded)| !**superseded) {
         let id = revision.record.id();
         let data = revision.data;
         let unreadable =

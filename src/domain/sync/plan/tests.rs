@@ -66,11 +66,17 @@ fn run<'a>(pushes: &[&'a Push], states: &'a HashMap<String, CurrentState>) -> (V
 }
 
 #[test]
+fn a_revision_is_kept_in_32_bytes() {
+    assert_eq!(std::mem::size_of::<Revision>(), 32);
+    assert_eq!(std::mem::size_of::<PlannedRevision>(), 104);
+}
+
+#[test]
 fn an_empty_batch_keeps_the_head() {
     let states = HashMap::new();
     let (_, plan) = run(&[], &states);
     assert_eq!(plan.head, 10);
-    assert!(plan.revisions.is_empty() && plan.superseded_in_batch.is_empty());
+    assert!(plan.revision_count() == 0 && plan.superseded_in_batch.is_empty());
 }
 
 #[test]
@@ -79,10 +85,10 @@ fn new_records_get_the_next_ids_and_their_pusher_as_owner() {
     let states = HashMap::new();
     let (decisions, plan) = run(&[&p], &states);
     assert_eq!(decisions, [Decision::Apply]);
-    let ids: Vec<i64> = plan.revisions.iter().map(|r| r.change_id).collect();
+    let ids: Vec<i64> = plan.revisions().map(|r| r.change_id).collect();
     assert_eq!(ids, [11, 12]);
-    assert!(plan.revisions.iter().all(|r| r.created_by == "alice" && r.overwrote.is_none()));
-    assert!(plan.revisions.iter().all(|r| r.created_at == Some(now()) && r.updated_at == Some(now())));
+    assert!(plan.revisions().all(|r| r.created_by == "alice" && r.overwrote.is_none()));
+    assert!(plan.revisions().all(|r| r.created_at == Some(now()) && r.updated_at == Some(now())));
     let result = plan.results[0].as_ref().unwrap();
     assert_eq!(result.head, 12);
     assert_eq!(result.items, [("a".to_string(), 11), ("b".to_string(), 12)]);
@@ -95,7 +101,7 @@ fn an_update_overwrites_the_stored_state_and_keeps_owner_and_creation_time() {
     p.pushed_by = "bob".into();
     let states = stored(&[("a", 7, "alice")]);
     let (_, plan) = run(&[&p], &states);
-    let r = &plan.revisions[0];
+    let r = &plan.revision(0);
     assert_eq!((r.change_id, r.overwrote, r.created_by), (11, Some(7), "alice"));
     assert_eq!(r.created_at, states["a"].created_at);
     assert_eq!(plan.transmissions(&[&p]).count(), 0, "no transmission id, nothing to replay");
@@ -110,8 +116,8 @@ fn a_deletion_without_data_keeps_the_stored_data_or_gets_an_empty_object() {
     }
     let states = stored(&[("a", 3, "alice")]);
     let (_, plan) = run(&[&p], &states);
-    assert_eq!(plan.revisions[0].data, r#"{"stored":true}"#);
-    assert_eq!(plan.revisions[1].data, "{}");
+    assert_eq!(plan.revision(0).data, r#"{"stored":true}"#);
+    assert_eq!(plan.revision(1).data, "{}");
 }
 
 #[test]
@@ -121,13 +127,12 @@ fn repeated_ids_in_one_push_form_a_chain_and_only_the_last_is_current() {
     let states = HashMap::new();
     let (_, plan) = run(&[&p], &states);
     let a: Vec<(i64, Option<i64>)> =
-        plan.revisions.iter().filter(|r| r.record.id() == "a").map(|r| (r.change_id, r.overwrote)).collect();
+        plan.revisions().filter(|r| r.record.id() == "a").map(|r| (r.change_id, r.overwrote)).collect();
     assert_eq!(a, [(11, None), (13, Some(11)), (14, Some(13))]);
     assert_eq!(plan.superseded_in_batch, [0, 2]);
     // The first revision's creation time sticks to the record.
     assert!(plan
-        .revisions
-        .iter()
+        .revisions()
         .filter(|r| r.record.id() == "a")
         .all(|r| r.created_at == p.records[0].created_at));
     assert_eq!(plan.results[0].as_ref().unwrap().items.len(), 4);
@@ -141,7 +146,7 @@ fn a_stale_base_version_is_a_conflict_warning_in_record_order() {
     p.warnings = vec![(1, Warning::missing_form_type("b", "form_type"))];
     let states = stored(&[("a", 9, "alice"), ("b", 9, "alice")]);
     let (_, plan) = run(&[&p], &states);
-    assert!(plan.revisions[0].conflict && !plan.revisions[1].conflict);
+    assert!(plan.revision(0).conflict && !plan.revision(1).conflict);
     let codes: Vec<&str> =
         plan.results[0].as_ref().unwrap().warnings.iter().map(|w| w.code.as_str()).collect();
     assert_eq!(codes, ["CONFLICT_OVERWRITTEN", "MISSING_FORM_TYPE"]);
@@ -227,8 +232,8 @@ fn another_generation_stores_nothing() {
     assert_eq!(decisions, [Decision::ResetRequired, Decision::Apply]);
     let states = HashMap::new();
     let plan = plan(&[&p, &q], &decisions, &states, 10, 2, now(), &OutOfScope::new());
-    assert_eq!(plan.outcomes(decisions)[0], Outcome::ResetRequired(2));
     assert_eq!(plan.results[1].as_ref().unwrap().repository_generation, 2);
+    assert_eq!(plan.outcomes(decisions)[0], Outcome::ResetRequired(2));
 }
 
 #[test]
@@ -393,7 +398,7 @@ proptest! {
             .map(|(r, id)| (r as *const IncomingRecord, id))
             .collect();
         let planned: Vec<(*const IncomingRecord, i64)> =
-            plan.revisions.iter().map(|r| (r.record as *const IncomingRecord, r.change_id)).collect();
+            plan.revisions().map(|r| (r.record as *const IncomingRecord, r.change_id)).collect();
         prop_assert_eq!(planned, expected.clone());
         prop_assert_eq!(plan.head, b.head + expected.len() as i64);
         for (i, result) in plan.results.iter().enumerate() {
@@ -413,7 +418,7 @@ proptest! {
         let decisions = decide(&pushes, b.transmissions.clone(), 1);
         let plan = plan(&pushes, &decisions, &b.states, b.head, 1, now(), &OutOfScope::new());
         let mut chains: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for (i, r) in plan.revisions.iter().enumerate() {
+        for (i, r) in plan.revisions().enumerate() {
             chains.entry(r.record.id()).or_default().push(i);
         }
         let mut superseded: Vec<usize> = plan.superseded_in_batch.clone();
@@ -422,9 +427,9 @@ proptest! {
         for (id, rows) in &chains {
             let stored = b.states.get(*id);
             let mut previous = stored.map(|s| s.change_id);
-            let owner = stored.map_or(rows.first().map_or("", |&i| plan.revisions[i].push.pushed_by.as_str()), |s| s.created_by.as_str());
+            let owner = stored.map_or(rows.first().map_or("", |&i| plan.revision(i).push.pushed_by.as_str()), |s| s.created_by.as_str());
             for &i in rows {
-                let r = &plan.revisions[i];
+                let r = &plan.revision(i);
                 prop_assert_eq!(r.overwrote, previous, "record {}", id);
                 prop_assert_eq!(r.created_by, owner);
                 prop_assert_eq!(r.conflict, matches!((r.record.base_version, previous), (Some(base), Some(p)) if base < p));
@@ -448,12 +453,14 @@ proptest! {
             fingerprint: p.fingerprint.clone(),
             result: Ok(result.clone()),
         }));
+        let first_head = first.head;
         let answers = first.outcomes(decisions);
 
         // The same pushes again, as retries after the commit: each named one gets its answer again.
         let again = decide(&pushes, stored, 1);
         let states = HashMap::new();
-        let second = plan(&pushes, &again, &states, first.head, 1, now(), &OutOfScope::new());
+        let second = plan(&pushes, &again, &states, first_head, 1, now(), &OutOfScope::new());
+        let second_head = second.head;
         for (i, (answer, retry)) in answers.iter().zip(second.outcomes(again)).enumerate() {
             if pushes[i].transmission_id.is_none() || matches!(answer, Outcome::ResetRequired(_)) {
                 continue;
@@ -470,7 +477,7 @@ proptest! {
             .filter(|p| p.transmission_id.is_none() && p.expected_generation.is_none_or(|g| g == 1))
             .map(|p| p.records.len())
             .sum();
-        prop_assert_eq!(second.head, first.head + unnamed as i64, "only pushes without a transmission id apply again");
+        prop_assert_eq!(second_head, first_head + unnamed as i64, "only pushes without a transmission id apply again");
     }
 }
 
@@ -491,7 +498,7 @@ fn a_stored_record_out_of_the_pushers_scope_is_refused_alone() {
         (plan.refusals[0].pushed_by, plan.refusals[0].record_id, plan.refusals[0].change_id),
         ("alice", "theirs", 12)
     );
-    let ids: Vec<(&str, i64)> = plan.revisions.iter().map(|r| (r.record.id(), r.change_id)).collect();
+    let ids: Vec<(&str, i64)> = plan.revisions().map(|r| (r.record.id(), r.change_id)).collect();
     assert_eq!(ids, [("new", 11), ("mine", 13), ("x", 14), ("theirs", 15)], "bob may change it");
     let result = plan.results[0].as_ref().unwrap();
     assert_eq!(result.items, [("new".to_string(), 11), ("mine".to_string(), 13)]);
