@@ -31,7 +31,10 @@ use crate::db::records::{Head, PageRows};
 use crate::db::scope::read::sees_all_sql;
 use crate::db::{DbError, DbResult};
 
-/// The bucket rows, own records and redelivery slots after the cursor, as (id, record) pairs.
+/// The bucket rows, own records and redelivery slots after the cursor, as (id, record, known_live)
+/// rows: `known_live` when the row alone proves the user may see the record now (a live row of one
+/// of their buckets is the record's current state there; their own records; everything for a
+/// user who sees everything), so that only the other rows are checked against their keys.
 /// With a type filter (`$5`), each source filters before its own `LIMIT`: filtered after it, a
 /// source whose first rows were all of other types would hide its later matching rows behind
 /// another source's, and the page would skip them.
@@ -45,26 +48,27 @@ pub(super) fn candidates(typed: bool) -> String {
     let join_slots = join.replace("{row}", "e");
     format!(
         "
-    SELECT x.change_id AS at, x.record_id FROM h, k, unnest(k.keys) AS b(key) CROSS JOIN LATERAL (
-        SELECT s.change_id, s.record_id FROM scope_rows s {join_rows}
+    SELECT x.change_id AS at, x.record_id, x.live AS known_live FROM h, k, unnest(k.keys) AS b(key)
+    CROSS JOIN LATERAL (
+        SELECT s.change_id, s.record_id, s.live FROM scope_rows s {join_rows}
          WHERE s.key = b.key AND s.change_id > $1 AND s.change_id <= h.head
          ORDER BY s.change_id LIMIT $2) x
      WHERE NOT h.sees_all
     UNION ALL
-    SELECT o.change_id, o.id FROM h CROSS JOIN LATERAL (
+    SELECT o.change_id, o.id, true FROM h CROSS JOIN LATERAL (
         SELECT r.change_id, r.id FROM records r
          WHERE (r.created_by, r.change_id) > ($3, $1) AND (r.created_by, r.change_id) <= ($3, h.head)
                {of_type}
          ORDER BY r.created_by, r.change_id LIMIT $2) o
      WHERE NOT h.sees_all
     UNION ALL
-    SELECT a.change_id, a.id FROM h CROSS JOIN LATERAL (
+    SELECT a.change_id, a.id, true FROM h CROSS JOIN LATERAL (
         SELECT r.change_id, r.id FROM records r
          WHERE r.change_id > $1 AND r.change_id <= h.head {of_type}
          ORDER BY r.change_id LIMIT $2) a
      WHERE h.sees_all
     UNION ALL
-    SELECT ev.base + y.slot, y.record_id FROM h, ev, unnest(ev.keys) AS b(key) CROSS JOIN LATERAL (
+    SELECT ev.base + y.slot, y.record_id, false FROM h, ev, unnest(ev.keys) AS b(key) CROSS JOIN LATERAL (
         SELECT e.slot, e.record_id FROM scope_event_slots e {join_slots}
          WHERE e.event_id = ev.id AND e.key = b.key AND e.slot > $1 - ev.base AND e.slot <= h.head - ev.base
          ORDER BY e.slot LIMIT $2) y"
@@ -107,10 +111,11 @@ fn page_sql(typed: bool) -> String {
     format!(
         "WITH {user_rows}{candidates}
          ), ids AS (
-             SELECT DISTINCT ON (c.at) c.at, c.record_id FROM cand c ORDER BY c.at LIMIT $2
+             SELECT DISTINCT ON (c.at) c.at, c.record_id, c.known_live FROM cand c
+              ORDER BY c.at, c.known_live DESC LIMIT $2
          ), page AS (
              SELECT c.at, r.*,
-                    h.sees_all OR r.created_by = $3 OR EXISTS (
+                    c.known_live OR h.sees_all OR r.created_by = $3 OR EXISTS (
                         SELECT 1 FROM scope_rows v, k WHERE v.key = ANY(k.keys) AND v.record_id = r.id AND v.live
                     ) AS visible
                FROM ids c CROSS JOIN h CROSS JOIN LATERAL (

@@ -39,6 +39,14 @@ impl WrittenRecords {
     }
 }
 
+/// Keys to write as columns: (key, record, change_id) rows.
+#[derive(Default)]
+struct KeyRows<'a> {
+    keys: Vec<&'a str>,
+    records: Vec<&'a str>,
+    changes: Vec<i64>,
+}
+
 /// Writes the keys and references of `written`. A key the record has now is live at its
 /// change_id; a key it had and lost is marked left at the same change_id (every key it has now was
 /// just moved to that change_id, so the ones still older are exactly those it lost).
@@ -47,27 +55,39 @@ pub async fn write(db: &impl GenericClient, written: &WrittenRecords) -> DbResul
     if written.is_empty() {
         return Ok(());
     }
-    let (mut keys, mut key_records, mut key_changes) = (Vec::new(), Vec::new(), Vec::new());
+    // A new record has no rows yet (nothing else writes keys of a record that does not exist), so
+    // its keys are plain inserts, without the conflict check an upsert pays per row.
+    let (mut new, mut stored) = (KeyRows::default(), KeyRows::default());
     let (mut refs, mut ref_records) = (Vec::new(), Vec::new());
     for (i, id) in written.ids.iter().enumerate() {
+        let rows = if written.existed[i] { &mut stored } else { &mut new };
         for key in &written.keys[i] {
-            keys.push(key.as_str());
-            key_records.push(id.as_str());
-            key_changes.push(written.change_ids[i]);
+            rows.keys.push(key.as_str());
+            rows.records.push(id.as_str());
+            rows.changes.push(written.change_ids[i]);
         }
         for attachment in &written.refs[i] {
             refs.push(attachment.as_str());
             ref_records.push(id.as_str());
         }
     }
-    if !keys.is_empty() {
+    if !new.keys.is_empty() {
+        db.execute(
+            "INSERT INTO scope_rows (key, record_id, change_id, live)
+             SELECT key, record_id, change_id, true
+               FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(key, record_id, change_id)",
+            &[&new.keys, &new.records, &new.changes],
+        )
+        .await?;
+    }
+    if !stored.keys.is_empty() {
         db.execute(
             "INSERT INTO scope_rows (key, record_id, change_id, live)
              SELECT key, record_id, change_id, true
                FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(key, record_id, change_id)
              ON CONFLICT (key, record_id) DO UPDATE SET change_id = EXCLUDED.change_id, live = true
              WHERE scope_rows.change_id < EXCLUDED.change_id",
-            &[&keys, &key_records, &key_changes],
+            &[&stored.keys, &stored.records, &stored.changes],
         )
         .await?;
     }
