@@ -25,7 +25,7 @@ pub(super) struct BundleCache {
     limit: u64,
     area: Area,
     entries: std::sync::Mutex<HashMap<String, Cached>>,
-    /// One fetch at a time: two requests for an uncached version wait for one copy.
+    /// One fetch or adoption at a time: two requests for an uncached version wait for one copy.
     fetching: tokio::sync::Mutex<()>,
 }
 
@@ -113,7 +113,10 @@ impl BundleCache {
         Ok(tokio::fs::metadata(&zip).await?.len())
     }
 
-    /// Takes in a version this node has just stored (its unpacked folder and its ZIP).
+    /// Takes in a version this node has just stored (its unpacked folder and its ZIP), unless it
+    /// fetched the version already: the activation's notification reaches this node while the
+    /// upload is still being taken in, and each replaced the other's folder under the requests
+    /// reading it (a download then answered 404 until the version left the cache).
     pub(super) async fn adopt(
         &self,
         info: &VersionInfo,
@@ -121,6 +124,10 @@ impl BundleCache {
         upload: &Path,
         active: Option<&str>,
     ) {
+        let _one = self.fetching.lock().await;
+        if self.touch(&info.version) {
+            return;
+        }
         let dir = version_dir(&self.root, &info.version);
         let moved = async {
             let _ = tokio::fs::remove_dir_all(&dir).await;
