@@ -8,14 +8,13 @@ use synkronus::db::scope::prepare::{self, Plan, PREPARATION_LOCK};
 use synkronus::db::scope::{self as scope_db};
 
 use crate::helpers::{connect, TestApp};
-use crate::scopes::{push, record, set_attributes, wait_in_force, Device};
+use crate::scopes::{create_user, push, record, wait_in_force, Device};
 
 #[actix_web::test]
 async fn a_record_moved_between_the_scans_read_and_write_keeps_the_keys_of_its_commit() {
     let app = TestApp::spawn().await;
     let admin = app.admin_token().await;
-    let north = app.user_token(&admin, "north-worker", "read-write").await;
-    set_attributes(&app, &admin, "north-worker", json!({"district": ["north"]})).await;
+    let north = create_user(&app, &admin, "north-worker", "read-write", json!({"district": ["north"]})).await;
     push(
         &app,
         &admin,

@@ -82,7 +82,7 @@ pub async fn wait_in_force(api: &Api, admin: &str, version: i64) {
     }
 }
 
-async fn create_user(api: &Api, admin: &str, name: &str, role: &str, attributes: Value) -> String {
+pub async fn create_user(api: &Api, admin: &str, name: &str, role: &str, attributes: Value) -> String {
     let token = api.user_token(admin, name, role).await;
     set_attributes(api, admin, name, attributes).await;
     token

@@ -23,6 +23,8 @@
 //! custom plan and 71 s in the generic one: a hash join over every record, then a walk of the
 //! change-id index filtering by author. Now 2-30 ms in both.)
 
+use std::sync::LazyLock;
+
 use deadpool_postgres::Object;
 use futures_util::StreamExt;
 use tokio_postgres::types::ToSql;
@@ -137,7 +139,9 @@ pub async fn page(
     limit: i64,
 ) -> DbResult<PageRows> {
     let typed = !types.is_empty();
-    let statement = db.prepare_cached(&page_sql(typed)).await?;
+    // Built once: every scoped pull looks its statement up by this text.
+    static PAGE_SQL: LazyLock<[String; 2]> = LazyLock::new(|| [page_sql(false), page_sql(true)]);
+    let statement = db.prepare_cached(&PAGE_SQL[usize::from(typed)]).await?;
     let limit = limit + 1;
     let mut rest = Box::pin(if typed {
         db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &username, &client_id, &types])
