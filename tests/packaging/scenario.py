@@ -72,7 +72,13 @@ class Api:
             return e.code, e.headers, e.read()
 
     def json(self, method, path, body=None, want=200, **kw):
-        status, _, data = self.request(method, path, body, **kw)
+        # A 503 asks the client to try again (docs/api.md's error model), as every real client
+        # does: a node of a cluster just started may still be opening its database connections.
+        for _ in range(5):
+            status, headers, data = self.request(method, path, body, **kw)
+            if status != 503 or want == 503:
+                break
+            time.sleep(float(headers.get("retry-after") or 1))
         expect(status == want, f"{method} {path}: {status} (wanted {want}): {data[:300]!r}")
         return json.loads(data) if data else None
 
