@@ -127,10 +127,11 @@ pub async fn pull_page(
     };
     // The username is the last parameter: $3 without a type filter, $4 with one.
     let user = if types.is_empty() { "$3" } else { "$4" };
+    let holds_all = crate::db::scope::read::holds_all_sql(user);
     let sql = format!(
         "WITH h AS (
              SELECT c.head, c.repository_generation,
-                    (s.active_version > 0 AND coalesce(u.role <> 'admin', true)) OR EXISTS (
+                    (s.active_version > 0 AND coalesce(u.role <> 'admin', true) AND NOT {holds_all}) OR EXISTS (
                         SELECT 1 FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id
                          WHERE eu.username = {user} AND e.base IS NOT NULL AND e.base + e.size > $1 AND $1 > 0
                     ) AS scoped

@@ -590,3 +590,71 @@ async fn a_typed_scoped_pull_skips_nothing_when_its_sources_interleave() {
     got.sort();
     assert_eq!(got, ["n-03", "n-07", "n-11", "own-h"]);
 }
+
+/// A rule without `where` over every form type gives its users everything, as an admin sees it
+/// (its bucket has no rows: docs/architecture.md, "Scoped sync"): they pull, read and update
+/// every record; dropping the rule redelivers what they no longer see as tombstones, and
+/// giving it back redelivers everything below their devices' cursors.
+#[actix_web::test]
+async fn a_rule_over_every_form_type_without_where_gives_everything() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let sup = create_user(&app, &admin, "sup", "read-write", json!({"district": ["north"]})).await;
+    let worker = create_user(&app, &admin, "w", "read-write", json!({"district": ["south"]})).await;
+    let supervisors = json!({"name": "supervisors", "applies_to": {"users": ["sup"]}, "form_types": "*"});
+    let mut rules = district_rules().as_array().unwrap().clone();
+    rules.push(supervisors);
+    set_rules(&app, &admin, Value::Array(rules)).await;
+    push(
+        &app,
+        &admin,
+        "a",
+        vec![
+            record("h-north", "household", json!({"district": "north"})),
+            record("h-south", "household", json!({"district": "south"})),
+            record("v-1", "visit", json!({})),
+        ],
+    )
+    .await;
+    let mut phone = Device::new("sup-phone");
+    phone.sync(&app, &sup, 2).await;
+    assert_eq!(phone.ids(), ["h-north", "h-south", "v-1"]);
+    let (status, _) = app.call(Method::GET, "/observations/v-1", Some(&sup), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, preview) = app.call(Method::GET, "/admin/scopes/preview?user=sup", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{preview}");
+    assert_eq!(preview["active"]["everything"], true, "{preview}");
+    // Updating a record of another district is the supervisor's right; the worker's is refused.
+    let body = push(
+        &app,
+        &sup,
+        "sup-phone",
+        vec![record("h-south", "household", json!({"district": "south", "seen": 1}))],
+    )
+    .await;
+    assert!(body["warnings"].as_array().is_none_or(|w| w.is_empty()), "{body}");
+    let body =
+        push(&app, &worker, "w-phone", vec![record("h-north", "household", json!({"district": "north"}))])
+            .await;
+    assert!(body.to_string().contains("OUT_OF_SCOPE"), "{body}");
+    // The worker's device never held the supervisor's view.
+    let mut worker_phone = Device::new("w-phone");
+    worker_phone.sync(&app, &worker, 2).await;
+    assert_eq!(worker_phone.ids(), ["h-south"]);
+
+    // Without the rule the supervisor keeps their district's household only (changing a record
+    // does not make it theirs: its author stays who created it).
+    set_rules(&app, &admin, district_rules()).await;
+    phone.sync(&app, &sup, 2).await;
+    assert_eq!(phone.ids(), ["h-north"]);
+    let mut fresh = Device::new("sup-tablet");
+    fresh.sync(&app, &sup, 1).await;
+    assert_eq!(fresh.ids(), phone.ids());
+
+    // Given back, it brings back what is below the cursor.
+    let mut rules = district_rules().as_array().unwrap().clone();
+    rules.push(json!({"name": "supervisors", "applies_to": {"users": ["sup"]}, "form_types": "*"}));
+    set_rules(&app, &admin, Value::Array(rules)).await;
+    phone.sync(&app, &sup, 2).await;
+    assert_eq!(phone.ids(), ["h-north", "h-south", "v-1"]);
+}

@@ -240,15 +240,12 @@ async fn assign_slots(tx: &Transaction<'_>, plan: &Plan, ids: &[&str], slots: i6
     if plan.touched.is_nothing() || ids.is_empty() {
         return Ok(slots);
     }
-    let (all, families): (bool, Vec<String>) = match &plan.touched {
-        Touched::All => (true, Vec::new()),
-        Touched::Families(ids) => (false, ids.iter().cloned().collect()),
-    };
+    let (all, families) = (plan.touched.every_record(), plan.touched.families());
     let row = tx
         .query_one(
             "WITH keys AS (
                  SELECT record_id, key FROM scope_rows
-                  WHERE NOT $3 AND record_id = ANY($2) AND split_part(key, '=', 1) = ANY($4)
+                  WHERE record_id = ANY($2) AND split_part(key, '=', 1) = ANY($4)
                  UNION ALL
                  SELECT b.id, $5::text COLLATE \"C\" FROM unnest($2::text[]) AS b(id) WHERE $3
              ), fresh AS (
@@ -338,14 +335,11 @@ pub async fn switch(tx: &Transaction<'_>, plan: &Plan, now: DateTime<Utc>) -> Db
             )
             .await?;
         }
-        if let Visibility::Keys(keys) = &new {
-            let keys: Vec<&String> = keys.iter().collect();
-            tx.execute(
-                "INSERT INTO scope_user_keys (username, keys) VALUES ($1, $2)",
-                &[&user.username, &keys],
-            )
-            .await?;
-        }
+        tx.execute(
+            "INSERT INTO scope_user_keys (username, keys) VALUES ($1, $2)",
+            &[&user.username, &new.stored_keys()],
+        )
+        .await?;
     }
     let base = take_block(tx, plan.event_id, set.slots).await?;
     tx.execute("UPDATE scope_sets SET state = 'retired' WHERE state = 'active'", &[]).await?;

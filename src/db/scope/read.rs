@@ -4,14 +4,24 @@
 use deadpool_postgres::GenericClient;
 
 use crate::db::DbResult;
+use crate::domain::scope::ALL;
 
-/// SQL that is true when the user `$user` sees everything: no set in force, or an admin. Other
+/// SQL that is true when the user `$user` sees everything: no set in force, an admin, or a user
+/// of a rule without `where` over every form type (their stored keys are `*` alone). Other
 /// statements embed it with their own parameter number.
 pub fn sees_all_sql(user: &str) -> String {
     format!(
         "((SELECT active_version FROM scope_state) = 0
-          OR coalesce((SELECT role = 'admin' FROM users WHERE username = {user}), false))"
+          OR coalesce((SELECT role = 'admin' FROM users WHERE username = {user}), false)
+          OR {holds_all})",
+        holds_all = holds_all_sql(user)
     )
+}
+
+/// SQL that is true when the set in force gives `$user` everything through a rule (see
+/// `Visibility::stored_keys`).
+pub fn holds_all_sql(user: &str) -> String {
+    format!("coalesce((SELECT '{ALL}' = ANY(keys) FROM scope_user_keys WHERE username = {user}), false)")
 }
 
 /// SQL that is true when the user `$user` may see the record `{record}` (a row alias of

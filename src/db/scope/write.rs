@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use deadpool_postgres::GenericClient;
 
+use crate::db::scope::read::holds_all_sql;
 use crate::db::scope::{rules_of, ScopeState};
 use crate::db::{DbError, DbResult};
 use crate::domain::scope::refs::attachment_refs;
@@ -156,18 +157,17 @@ pub async fn out_of_scope(
     if record_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let rows = db
-        .query(
-            "SELECT DISTINCT p.id, p.pusher FROM unnest($1::text[], $2::text[]) AS p(id, pusher)
+    let sql = format!(
+        "SELECT DISTINCT p.id, p.pusher FROM unnest($1::text[], $2::text[]) AS p(id, pusher)
                JOIN records r ON r.id = p.id
                JOIN users u ON u.username = p.pusher
-              WHERE u.role <> 'admin' AND r.created_by <> p.pusher
+              WHERE u.role <> 'admin' AND r.created_by <> p.pusher AND NOT {holds_all}
                 AND NOT EXISTS (SELECT 1 FROM scope_user_keys k, scope_rows s
                                  WHERE k.username = p.pusher AND s.key = ANY(k.keys)
                                    AND s.record_id = r.id AND s.live)",
-            &[&record_ids, &pushers],
-        )
-        .await?;
+        holds_all = holds_all_sql("p.pusher")
+    );
+    let rows = db.query(&sql, &[&record_ids, &pushers]).await?;
     Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
 }
 

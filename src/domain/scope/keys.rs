@@ -66,6 +66,13 @@ impl Family {
         format!("f{}", hex::encode(&digest[..8]))
     }
 
+    /// True for the family of a rule without `where` over every form type: every record is in
+    /// its one bucket, forever (no change to a record takes it out). Its holders see everything,
+    /// as admins do, so it needs no rows: the commit path writes none for it.
+    pub fn is_everything(&self) -> bool {
+        self.form_types == FormTypes::All && self.field.is_none()
+    }
+
     fn key(&self, id: &str, value: Option<&str>) -> String {
         match value {
             None => id.to_owned(),
@@ -103,7 +110,7 @@ impl KeyPlan {
         let mut plan = KeyPlan::default();
         let mut seen = BTreeSet::new();
         for family in families {
-            if !seen.insert(family.clone()) {
+            if family.is_everything() || !seen.insert(family.clone()) {
                 continue;
             }
             let path_index = family.field.as_ref().map(|path| plan.paths.add(path));
@@ -163,8 +170,8 @@ pub struct UserFacts {
     pub attributes: UserAttributes,
 }
 
-/// What a user receives. `All` is the whole repository (admins, and everyone while no set is in
-/// force); `Keys` are the buckets of their rules plus their personal key. Their own records are
+/// What a user receives. `All` is the whole repository (admins, everyone while no set is in
+/// force, and the users of a rule without `where` over every form type); `Keys` are the buckets of their rules plus their personal key. Their own records are
 /// theirs in both cases (the author's records are read by `created_by`, not through a key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Visibility {
@@ -178,8 +185,13 @@ impl Visibility {
         if user.role == Role::Admin {
             return Visibility::All;
         }
+        let applying: Vec<&ScopeRule> =
+            rules.rules.iter().filter(|r| r.applies_to(&user.username, user.role)).collect();
+        if applying.iter().any(|rule| Family::of(rule).is_everything()) {
+            return Visibility::All;
+        }
         let mut keys = BTreeSet::from([personal_key(&user.username)]);
-        for rule in rules.rules.iter().filter(|r| r.applies_to(&user.username, user.role)) {
+        for rule in applying {
             let family = Family::of(rule);
             let id = family.id();
             match &rule.condition {
@@ -203,6 +215,15 @@ impl Visibility {
     pub fn keys(&self) -> Vec<String> {
         match self {
             Visibility::All => Vec::new(),
+            Visibility::Keys(keys) => keys.iter().cloned().collect(),
+        }
+    }
+
+    /// The keys stored for the user (`scope_user_keys`): `ALL` alone for one who sees
+    /// everything, which the readers take as they take an admin.
+    pub fn stored_keys(&self) -> Vec<String> {
+        match self {
+            Visibility::All => vec![ALL.to_owned()],
             Visibility::Keys(keys) => keys.iter().cloned().collect(),
         }
     }
@@ -266,6 +287,24 @@ impl Touched {
         matches!(self, Touched::Families(ids) if ids.is_empty())
     }
 
+    /// True when every record must be redelivered to some users: either side is "no set", or
+    /// the rules without `where` over every form type changed hands (their users go from seeing
+    /// everything to seeing their keys, or back).
+    pub fn every_record(&self) -> bool {
+        match self {
+            Touched::All => true,
+            Touched::Families(ids) => ids.contains(&everything_id()),
+        }
+    }
+
+    /// The touched families whose buckets have rows (`Touched::All`: none is listed).
+    pub fn families(&self) -> Vec<String> {
+        match self {
+            Touched::All => Vec::new(),
+            Touched::Families(ids) => ids.iter().filter(|id| **id != everything_id()).cloned().collect(),
+        }
+    }
+
     /// True when a key of this family (a bucket key, `fID` or `fID=value`) is touched.
     pub fn covers(&self, key: &str) -> bool {
         match self {
@@ -276,6 +315,11 @@ impl Touched {
             }
         }
     }
+}
+
+/// The id of the family every record is in (see [`Family::is_everything`]).
+fn everything_id() -> String {
+    Family { form_types: FormTypes::All, field: None }.id()
 }
 
 /// What a rule grants within its family, independent of its name.
@@ -382,6 +426,32 @@ mod tests {
         assert_eq!(touched, Touched::Families(BTreeSet::from([facility.clone()])));
         assert!(touched.covers(&facility));
         assert!(!touched.covers(&format!("{}=east", Family::of(&old.rules[0]).id())));
+    }
+
+    #[test]
+    fn a_rule_over_everything_without_where_gives_everything_and_writes_no_keys() {
+        let mut set = example();
+        set.rules.extend(
+            rules(json!([{"name": "supervisors", "applies_to": {"users": ["sup"]}, "form_types": "*"}]))
+                .rules,
+        );
+        assert_eq!(Visibility::of(Some(&set), &user("sup", Role::ReadOnly, json!({}))), Visibility::All);
+        assert_eq!(Visibility::All.stored_keys(), vec![ALL.to_owned()]);
+        let worker = user("w", Role::ReadWrite, json!({"district": ["east"]}));
+        assert!(matches!(Visibility::of(Some(&set), &worker), Visibility::Keys(_)));
+        let plan = KeyPlan::new(&set.families());
+        assert_eq!(plan.family_ids().count(), 3);
+        assert!(plan.record_keys("other", "{}").unwrap().is_empty());
+
+        // Adding or dropping it redelivers every record; other touched families keep their rows.
+        let touched = Touched::between(Some(&example()), Some(&set));
+        assert!(touched.every_record() && touched.families().is_empty());
+        let mut widened = set.clone();
+        widened.rules[1].roles.insert(Role::Admin);
+        let touched = Touched::between(Some(&set), Some(&widened));
+        assert!(!touched.every_record());
+        assert_eq!(touched.families(), vec![Family::of(&set.rules[1]).id()]);
+        assert!(Touched::All.every_record() && Touched::All.families().is_empty());
     }
 
     #[test]
