@@ -13,6 +13,7 @@ pub mod export_jobs;
 pub mod formspecs;
 pub mod go_import;
 pub mod go_source;
+pub mod lent;
 pub mod login_attempts;
 pub mod marks;
 pub mod presence;

@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{Row, RowStream};
 
+use crate::db::lent::Lent;
 use crate::db::record_row::{select_through, Col, Table, STATE_COLUMNS};
 use crate::db::{stats, DbError, DbResult};
 use crate::domain::sync::page::PulledRecord;
@@ -66,7 +67,7 @@ pub struct PageRows {
     first: Option<Row>,
     rest: Pin<Box<RowStream>>,
     /// Held until the page is dropped, so the connection is not lent out while rows still arrive.
-    _db: Object,
+    _db: Lent,
 }
 
 impl Stream for PageRows {
@@ -83,7 +84,7 @@ impl Stream for PageRows {
 impl PageRows {
     /// A page whose first row (which carries the head) has arrived; a first row without a record
     /// is an empty page.
-    pub(crate) fn new(head: Head, first: Row, rest: Pin<Box<RowStream>>, db: Object) -> DbResult<PageRows> {
+    pub(crate) fn new(head: Head, first: Row, rest: Pin<Box<RowStream>>, db: Lent) -> DbResult<PageRows> {
         let first = first.try_get::<_, Option<&str>>(2)?.is_some().then_some(first);
         Ok(PageRows { head, first, rest, _db: db })
     }
@@ -160,7 +161,7 @@ pub async fn pull_page(
             .await;
     }
     let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
-    PageRows::new(head, first, rest, db)
+    PageRows::new(head, first, rest, Lent::plain(db))
 }
 
 /// The unscoped page's last column, after the head, the generation and the record's state: true

@@ -10,7 +10,7 @@ use deadpool_postgres::GenericClient;
 
 use crate::db::attachments::AttachmentRow;
 use crate::db::scope::pull::{candidates, user_rows};
-use crate::db::scope::read::attachment_visible_sql;
+use crate::db::scope::read::{attachment_visible_sql, holds_all_sql};
 use crate::db::DbResult;
 
 /// `None` when the user is not scoped (no set in force, or an admin, and no redelivery pending):
@@ -21,16 +21,14 @@ pub async fn changes_after(
     (username, client_id): (&str, &str),
     after: i64,
 ) -> DbResult<Option<(i64, Vec<AttachmentRow>)>> {
-    let scoped: bool = db
-        .query_one(
-            "SELECT (s.active_version > 0 AND coalesce(u.role <> 'admin', true)) OR EXISTS (
-                 SELECT 1 FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id
-                  WHERE eu.username = $1 AND e.base IS NOT NULL AND e.base + e.size > $2 AND $2 > 0)
-               FROM scope_state s LEFT JOIN users u ON u.username = $1",
-            &[&username, &after],
-        )
-        .await?
-        .get(0);
+    let scoped_sql = format!(
+        "SELECT (s.active_version > 0 AND coalesce(u.role <> 'admin', true) AND NOT {holds_all}) OR EXISTS (
+             SELECT 1 FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id
+              WHERE eu.username = $1 AND e.base IS NOT NULL AND e.base + e.size > $2 AND $2 > 0)
+           FROM scope_state s LEFT JOIN users u ON u.username = $1",
+        holds_all = holds_all_sql("$1")
+    );
+    let scoped: bool = db.query_one(&scoped_sql, &[&username, &after]).await?.get(0);
     if !scoped {
         return Ok(None);
     }

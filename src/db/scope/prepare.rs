@@ -335,11 +335,13 @@ pub async fn switch(tx: &Transaction<'_>, plan: &Plan, now: DateTime<Utc>) -> Db
             )
             .await?;
         }
-        tx.execute(
-            "INSERT INTO scope_user_keys (username, keys) VALUES ($1, $2)",
-            &[&user.username, &new.stored_keys()],
-        )
-        .await?;
+        if new_rules.is_some() {
+            tx.execute(
+                "INSERT INTO scope_user_keys (username, keys) VALUES ($1, $2)",
+                &[&user.username, &new.stored_keys()],
+            )
+            .await?;
+        }
     }
     let base = take_block(tx, plan.event_id, set.slots).await?;
     tx.execute("UPDATE scope_sets SET state = 'retired' WHERE state = 'active'", &[]).await?;

@@ -29,6 +29,7 @@ use deadpool_postgres::Object;
 use futures_util::StreamExt;
 use tokio_postgres::types::ToSql;
 
+use crate::db::lent::Lent;
 use crate::db::records::{Head, PageRows};
 use crate::db::scope::read::sees_all_sql;
 use crate::db::{DbError, DbResult};
@@ -141,6 +142,8 @@ pub async fn page(
     let typed = !types.is_empty();
     // Built once: every scoped pull looks its statement up by this text.
     static PAGE_SQL: LazyLock<[String; 2]> = LazyLock::new(|| [page_sql(false), page_sql(true)]);
+    let lent = Lent::with_generic_plans(db).await?;
+    let db = lent.client()?;
     let statement = db.prepare_cached(&PAGE_SQL[usize::from(typed)]).await?;
     let limit = limit + 1;
     let mut rest = Box::pin(if typed {
@@ -153,5 +156,5 @@ pub async fn page(
         return Err(DbError::Other("the scoped page statement returned no row".into()));
     };
     let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
-    PageRows::new(head, first, rest, db)
+    PageRows::new(head, first, rest, lent)
 }

@@ -28,12 +28,17 @@ pub async fn apply(
     let state = crate::db::scope::state(db).await?;
     let active = crate::db::scope::rules_of(db, state.active_version).await?;
     let new = Visibility::of(active.as_deref(), after);
-    db.execute(
-        "INSERT INTO scope_user_keys (username, keys) VALUES ($1, $2)
-         ON CONFLICT (username) DO UPDATE SET keys = EXCLUDED.keys",
-        &[&after.username, &new.stored_keys()],
-    )
-    .await?;
+    // With no set in force the scope tables stay empty (docs/architecture.md, "Scoped sync").
+    if active.is_none() {
+        db.execute("DELETE FROM scope_user_keys WHERE username = $1", &[&after.username]).await?;
+    } else {
+        db.execute(
+            "INSERT INTO scope_user_keys (username, keys) VALUES ($1, $2)
+             ON CONFLICT (username) DO UPDATE SET keys = EXCLUDED.keys",
+            &[&after.username, &new.stored_keys()],
+        )
+        .await?;
+    }
     let Some(before) = before else { return Ok(UserScopeChange::default()) };
     let old = Visibility::of(active.as_deref(), before);
     let changed: Vec<String> = changed_keys(&old, &new).into_iter().collect();
