@@ -16,6 +16,8 @@ use deadpool_postgres::Object;
 
 use crate::db::{DbError, DbResult};
 
+pub const GENERIC_PLANS_SQL: &str = "SET plan_cache_mode = force_generic_plan";
+
 pub struct Lent {
     db: Option<Object>,
     generic_plans: bool,
@@ -26,11 +28,11 @@ impl Lent {
         Lent { db: Some(db), generic_plans: false }
     }
 
-    pub async fn with_generic_plans(db: Object) -> DbResult<Lent> {
-        // Marked first: if the SET fails half-way, dropping resets (or closes) the connection.
-        let lent = Lent { db: Some(db), generic_plans: true };
-        lent.client()?.batch_execute("SET plan_cache_mode = force_generic_plan").await?;
-        Ok(lent)
+    /// A connection the caller sets to plan generically ([`GENERIC_PLANS_SQL`], sent before its
+    /// statement): dropping the lent connection resets it (or closes it), whether or not the
+    /// setting was sent.
+    pub fn with_generic_plans(db: Object) -> Lent {
+        Lent { db: Some(db), generic_plans: true }
     }
 
     /// The connection (only `drop` takes it out).

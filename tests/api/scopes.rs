@@ -658,3 +658,47 @@ async fn a_rule_over_every_form_type_without_where_gives_everything() {
     phone.sync(&app, &sup, 2).await;
     assert_eq!(phone.ids(), ["h-north", "h-south", "v-1"]);
 }
+
+/// The scoped page is planned generically (src/db/lent.rs); the connection it ran on goes back
+/// to the pool with the setting reset, whether the page was read to its end or dropped early.
+#[actix_web::test]
+async fn the_scoped_page_leaves_its_connection_as_it_found_it() {
+    use futures_util::StreamExt;
+
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    create_user(&app, &admin, "w", "read-write", json!({"district": ["north"]})).await;
+    let records: Vec<Value> =
+        (0..5).map(|i| record(&format!("h-{i}"), "household", json!({"district": "north"}))).collect();
+    push(&app, &admin, "a", records).await;
+    set_rules(&app, &admin, district_rules()).await;
+    for read_whole_page in [true, false] {
+        let db = app.state.pool.get().await.unwrap();
+        let pid: i32 = db.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+        let mut rows = synkronus::db::scope::pull::page(db, ("w", "phone"), 0, &[], 3).await.unwrap();
+        let first = rows.next().await.expect("a row").unwrap();
+        assert_eq!(first.get::<_, Option<&str>>(2), Some("h-0"));
+        if read_whole_page {
+            assert_eq!(rows.count().await, 3);
+        } else {
+            drop(rows);
+        }
+        // Take connections until the page's comes back (the reset runs as it is returned).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut held = Vec::new();
+        loop {
+            let db = app.state.pool.get().await.unwrap();
+            if db.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get::<_, i32>(0) == pid {
+                let mode: String = db.query_one("SHOW plan_cache_mode", &[]).await.unwrap().get(0);
+                assert_eq!(mode, "auto");
+                break;
+            }
+            held.push(db);
+            assert!(tokio::time::Instant::now() < deadline, "the page's connection never came back");
+            if held.len() >= app.state.pool.status().max_size {
+                held.clear();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}

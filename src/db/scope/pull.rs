@@ -29,7 +29,7 @@ use deadpool_postgres::Object;
 use futures_util::StreamExt;
 use tokio_postgres::types::ToSql;
 
-use crate::db::lent::Lent;
+use crate::db::lent::{Lent, GENERIC_PLANS_SQL};
 use crate::db::records::{Head, PageRows};
 use crate::db::scope::read::sees_all_sql;
 use crate::db::{DbError, DbResult};
@@ -142,16 +142,19 @@ pub async fn page(
     let typed = !types.is_empty();
     // Built once: every scoped pull looks its statement up by this text.
     static PAGE_SQL: LazyLock<[String; 2]> = LazyLock::new(|| [page_sql(false), page_sql(true)]);
-    let lent = Lent::with_generic_plans(db).await?;
+    let lent = Lent::with_generic_plans(db);
     let db = lent.client()?;
     let statement = db.prepare_cached(&PAGE_SQL[usize::from(typed)]).await?;
     let limit = limit + 1;
-    let mut rest = Box::pin(if typed {
-        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &username, &client_id, &types])
-            .await?
+    let params: Vec<&(dyn ToSql + Sync)> = if typed {
+        vec![&after, &limit, &username, &client_id, &types]
     } else {
-        db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &username, &client_id]).await?
-    });
+        vec![&after, &limit, &username, &client_id]
+    };
+    // Pipelined: the setting is sent first, so the statement is planned under it, and both cost
+    // one round trip.
+    let (_, rest) = tokio::try_join!(db.batch_execute(GENERIC_PLANS_SQL), db.query_raw(&statement, params))?;
+    let mut rest = Box::pin(rest);
     let Some(first) = rest.next().await.transpose()? else {
         return Err(DbError::Other("the scoped page statement returned no row".into()));
     };
