@@ -137,10 +137,14 @@ impl ReplicaPair {
         }
     }
 
-    /// Waits until the standby has replayed everything the primary has written so far, rows
-    /// without a change_id (users, device sightings) included.
+    /// Waits until the standby has replayed everything the primary has committed so far, rows
+    /// without a change_id (users, device sightings) included. The insert position, not
+    /// `pg_current_wal_lsn()` (what is written out): with `synchronous_commit=off` a commit returns
+    /// before its WAL is written, and the standby was found still at head 0 after waiting for the
+    /// written position, failing a scoped pull's check by chance.
     pub async fn wait_replayed_all(&self) {
-        let lsn: String = Self::query(&self.primary_conn(), "SELECT pg_current_wal_lsn()::text").await.get(0);
+        let lsn: String =
+            Self::query(&self.primary_conn(), "SELECT pg_current_wal_insert_lsn()::text").await.get(0);
         let deadline = Instant::now() + Duration::from_secs(20);
         let caught_up = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
         while !self.replica_query(&caught_up).await.get::<_, bool>(0) {

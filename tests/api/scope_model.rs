@@ -233,7 +233,9 @@ impl Driver {
     async fn barrier(&self) {
         let (Some(primary), Some(replica)) = (&self.primary, &self.replica) else { return };
         let lsn: String =
-            primary.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.expect("primary lsn").get(0);
+            // The insert position: with synchronous_commit=off, what is written out lags the
+            // commits (see `replica::ReplicaPair::wait_replayed_all`).
+            primary.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.expect("primary lsn").get(0);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let caught_up: bool = replica
