@@ -90,18 +90,8 @@ impl PageRows {
     }
 }
 
-/// Starts reading `username`'s page after `after` (see [`PageRows`]) and waits for its first row,
-/// which carries the head. While no scope set is in force (and for admins) that is every change;
-/// otherwise, or while the user has redeliveries to receive, the statement says so in its last
-/// column and the page is read as `scope::pull` reads it, in a snapshot of its own.
-#[tracing::instrument(name = "db.records.pull_page", level = "debug", skip_all)]
-pub async fn pull_page(
-    db: Object,
-    (username, client_id): (&str, &str),
-    after: i64,
-    types: &[String],
-    limit: i64,
-) -> DbResult<PageRows> {
+/// The page statement of [`pull_page`], with or without a type filter.
+fn page_sql(typed: bool) -> String {
     // With a type filter, each type is read in change_id order from (form_type, change_id) and
     // the short lists are merged. Written as `form_type = ANY(...)`, the planner picks a bitmap
     // scan of every matching row plus a sort whenever its statistics lag behind a burst of
@@ -112,7 +102,7 @@ pub async fn pull_page(
     // (form_type, change_id), so a page costs the same at any size (docs/benchmarks-history.md,
     // "Scale curve").
     let columns = RECORD_COLUMNS.as_str();
-    let page = if types.is_empty() {
+    let page = if !typed {
         format!(
             "SELECT {columns} FROM records WHERE change_id > $1 AND change_id <= h.head
              ORDER BY change_id LIMIT $2"
@@ -127,24 +117,35 @@ pub async fn pull_page(
         )
     };
     // The username is the last parameter: $3 without a type filter, $4 with one.
-    let user = if types.is_empty() { "$3" } else { "$4" };
-    let holds_all = crate::db::scope::read::holds_all_sql(user);
-    let sql = format!(
+    let user = if typed { "$4" } else { "$3" };
+    let scoped = crate::db::scope::read::reads_scoped_sql(user, "$1");
+    format!(
         "WITH h AS (
-             SELECT c.head, c.repository_generation,
-                    (s.active_version > 0 AND coalesce(u.role <> 'admin', true) AND NOT {holds_all}) OR EXISTS (
-                        SELECT 1 FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id
-                         WHERE eu.username = {user} AND e.base IS NOT NULL AND e.base + e.size > $1 AND $1 > 0
-                    ) AS scoped
-               FROM change_head c CROSS JOIN scope_state s LEFT JOIN users u ON u.username = {user}
+             SELECT c.head, c.repository_generation, {scoped} AS scoped FROM change_head c
          )
          SELECT h.head, h.repository_generation, r.*, h.scoped FROM h LEFT JOIN LATERAL ({page}) r ON true"
-    );
+    )
+}
+
+/// Starts reading `username`'s page after `after` (see [`PageRows`]) and waits for its first row,
+/// which carries the head. While no scope set is in force (and for admins) that is every change;
+/// otherwise, or while the user has redeliveries to receive, the statement says so in its last
+/// column and the page is read as `scope::pull` reads it, in a snapshot of its own.
+#[tracing::instrument(name = "db.records.pull_page", level = "debug", skip_all)]
+pub async fn pull_page(
+    db: Object,
+    (username, client_id): (&str, &str),
+    after: i64,
+    types: &[String],
+    limit: i64,
+) -> DbResult<PageRows> {
+    // Built once: every pull looks its statement up by this text.
+    static PAGE_SQL: LazyLock<[String; 2]> = LazyLock::new(|| [page_sql(false), page_sql(true)]);
     let mut distinct_types: Vec<&str> = types.iter().map(String::as_str).collect();
     distinct_types.sort_unstable();
     distinct_types.dedup();
     // Devices pull page after page: the statement is prepared once per connection.
-    let statement = db.prepare_cached(&sql).await?;
+    let statement = db.prepare_cached(&PAGE_SQL[usize::from(!types.is_empty())]).await?;
     let limit = limit + 1;
     let mut rest = Box::pin(if distinct_types.is_empty() {
         db.query_raw(&statement, [&after as &(dyn ToSql + Sync), &limit, &username]).await?

@@ -6,11 +6,13 @@
 //! the attachments uploaded after it; each listed as `download` when the user may have it now,
 //! else, if a delivered record named it (the device may hold it), as `delete`.
 
+use std::sync::LazyLock;
+
 use deadpool_postgres::GenericClient;
 
 use crate::db::attachments::AttachmentRow;
 use crate::db::scope::pull::{candidates, user_rows};
-use crate::db::scope::read::{attachment_visible_sql, holds_all_sql};
+use crate::db::scope::read::{attachment_visible_sql, reads_scoped_sql};
 use crate::db::DbResult;
 
 /// `None` when the user is not scoped (no set in force, or an admin, and no redelivery pending):
@@ -21,14 +23,9 @@ pub async fn changes_after(
     (username, client_id): (&str, &str),
     after: i64,
 ) -> DbResult<Option<(i64, Vec<AttachmentRow>)>> {
-    let scoped_sql = format!(
-        "SELECT (s.active_version > 0 AND coalesce(u.role <> 'admin', true) AND NOT {holds_all}) OR EXISTS (
-             SELECT 1 FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id
-              WHERE eu.username = $1 AND e.base IS NOT NULL AND e.base + e.size > $2 AND $2 > 0)
-           FROM scope_state s LEFT JOIN users u ON u.username = $1",
-        holds_all = holds_all_sql("$1")
-    );
-    let scoped: bool = db.query_one(&scoped_sql, &[&username, &after]).await?.get(0);
+    static SCOPED_SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {}", reads_scoped_sql("$1", "$2")));
+    let scoped: bool = db.query_one(SCOPED_SQL.as_str(), &[&username, &after]).await?.get(0);
     if !scoped {
         return Ok(None);
     }

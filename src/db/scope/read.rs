@@ -24,6 +24,18 @@ pub fn holds_all_sql(user: &str) -> String {
     format!("coalesce((SELECT '{ALL}' = ANY(keys) FROM scope_user_keys WHERE username = {user}), false)")
 }
 
+/// SQL that is true when `$user`'s read after the cursor `{after}` must take the scoped path
+/// (`scope::pull`, `scope::manifest`): they do not see everything, or a redelivery addressed to
+/// them lies after the cursor (a device pulling from 0 has nothing to redeliver).
+pub fn reads_scoped_sql(user: &str, after: &str) -> String {
+    format!(
+        "(NOT {sees_all} OR EXISTS (
+             SELECT 1 FROM scope_event_users eu JOIN scope_events e ON e.id = eu.event_id
+              WHERE eu.username = {user} AND e.base IS NOT NULL AND e.base + e.size > {after} AND {after} > 0))",
+        sees_all = sees_all_sql(user)
+    )
+}
+
 /// SQL that is true when the user `$user` may see the record `{record}` (a row alias of
 /// `records`) now: everything (see [`sees_all_sql`]), their own record, or live in one of their
 /// buckets.
