@@ -192,6 +192,7 @@ impl Application {
             config: config.clone(),
             pool,
             reads,
+            scoped_readers: Arc::default(),
             auth,
             login_limiter,
             user_limiter: Arc::new(crate::auth::user_rate::UserLimiter::new(

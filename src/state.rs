@@ -14,6 +14,8 @@ pub struct AppState {
     pub pool: deadpool_postgres::Pool,
     /// Where routed reads go: a replica or the primary (docs/api.md §18.3).
     pub reads: Arc<crate::db::replicas::ReadRouter>,
+    /// Whose pull pages start on the scoped statement (docs/api.md §20.3).
+    pub scoped_readers: Arc<crate::db::records::ScopedReaders>,
     pub auth: Arc<AuthService>,
     pub login_limiter: Arc<LoginLimiter>,
     pub user_limiter: Arc<crate::auth::user_rate::UserLimiter>,

@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::sync::LazyLock;
 use std::task::{Context, Poll};
 
+use dashmap::DashSet;
 use deadpool_postgres::{GenericClient, Object};
 use futures_util::{Stream, StreamExt};
 use serde_json::value::RawValue;
@@ -63,6 +64,8 @@ fn record_from_row(row: &Row, offset: usize) -> DbResult<StoredRecord> {
 /// one snapshot: docs/api.md §8.2) follow as they arrive.
 pub struct PageRows {
     pub head: Head,
+    /// Whether the page was read as a scoped one (see [`ScopedReaders`]).
+    pub read_scoped: bool,
     /// The first record's row, until it is taken; `None` for an empty page.
     first: Option<Row>,
     rest: Pin<Box<RowStream>>,
@@ -84,9 +87,14 @@ impl Stream for PageRows {
 impl PageRows {
     /// A page whose first row (which carries the head) has arrived; a first row without a record
     /// is an empty page.
-    pub(crate) fn new(head: Head, first: Row, rest: Pin<Box<RowStream>>, db: Lent) -> DbResult<PageRows> {
+    pub(crate) fn new(
+        (head, read_scoped): (Head, bool),
+        first: Row,
+        rest: Pin<Box<RowStream>>,
+        db: Lent,
+    ) -> DbResult<PageRows> {
         let first = first.try_get::<_, Option<&str>>(2)?.is_some().then_some(first);
-        Ok(PageRows { head, first, rest, _db: db })
+        Ok(PageRows { head, read_scoped, first, rest, _db: db })
     }
 }
 
@@ -104,7 +112,7 @@ fn page_sql(typed: bool) -> String {
     let columns = RECORD_COLUMNS.as_str();
     let page = if !typed {
         format!(
-            "SELECT {columns} FROM records WHERE change_id > $1 AND change_id <= h.head
+            "SELECT {columns} FROM records WHERE change_id > $1 AND change_id <= h.head AND NOT h.scoped
              ORDER BY change_id LIMIT $2"
         )
     } else {
@@ -112,11 +120,14 @@ fn page_sql(typed: bool) -> String {
             "SELECT x.* FROM unnest($3::text[]) AS t(ft) CROSS JOIN LATERAL (
                  SELECT {columns} FROM records
                  WHERE (form_type, change_id) > (t.ft, $1) AND (form_type, change_id) <= (t.ft, h.head)
+                       AND NOT h.scoped
                  ORDER BY form_type, change_id LIMIT $2
              ) x ORDER BY x.change_id LIMIT $2"
         )
     };
-    // The username is the last parameter: $3 without a type filter, $4 with one.
+    // A page that must be read scoped reads no record here: PostgreSQL would send every row of
+    // it, to be dropped. The username is the last parameter: $3 without a type filter, $4 with
+    // one.
     let user = if typed { "$4" } else { "$3" };
     let scoped = crate::db::scope::read::reads_scoped_sql(user, "$1");
     format!(
@@ -127,23 +138,51 @@ fn page_sql(typed: bool) -> String {
     )
 }
 
+/// The users whose last page was read as a scoped one, on this node. Their next page starts on
+/// the scoped statement, which reads any user's page rightly (a user who sees everything gets the
+/// whole change log), so the hint saves the unscoped statement's round trip and is never a
+/// reason for a wrong page; a page that finds the user sees everything drops it.
+#[derive(Default)]
+pub struct ScopedReaders(DashSet<String>);
+
+impl ScopedReaders {
+    pub fn knows(&self, username: &str) -> bool {
+        self.0.contains(username)
+    }
+
+    /// Keeps what a page found out about `username` (`PageRows::read_scoped`).
+    pub fn learn(&self, username: &str, read_scoped: bool) {
+        if read_scoped {
+            if !self.0.contains(username) {
+                self.0.insert(username.to_owned());
+            }
+        } else {
+            self.0.remove(username);
+        }
+    }
+}
+
 /// Starts reading `username`'s page after `after` (see [`PageRows`]) and waits for its first row,
 /// which carries the head. While no scope set is in force (and for admins) that is every change;
 /// otherwise, or while the user has redeliveries to receive, the statement says so in its last
-/// column and the page is read as `scope::pull` reads it, in a snapshot of its own.
+/// column and the page is read as `scope::pull` reads it, in a snapshot of its own. A user
+/// known to read scoped (`known_scoped`, see [`ScopedReaders`]) starts there.
 #[tracing::instrument(name = "db.records.pull_page", level = "debug", skip_all)]
 pub async fn pull_page(
     db: Object,
     (username, client_id): (&str, &str),
     after: i64,
     types: &[String],
-    limit: i64,
+    (limit, known_scoped): (i64, bool),
 ) -> DbResult<PageRows> {
     // Built once: every pull looks its statement up by this text.
     static PAGE_SQL: LazyLock<[String; 2]> = LazyLock::new(|| [page_sql(false), page_sql(true)]);
     let mut distinct_types: Vec<&str> = types.iter().map(String::as_str).collect();
     distinct_types.sort_unstable();
     distinct_types.dedup();
+    if known_scoped {
+        return crate::db::scope::pull::page(db, (username, client_id), after, &distinct_types, limit).await;
+    }
     // Devices pull page after page: the statement is prepared once per connection.
     let statement = db.prepare_cached(&PAGE_SQL[usize::from(!types.is_empty())]).await?;
     let limit = limit + 1;
@@ -162,7 +201,7 @@ pub async fn pull_page(
             .await;
     }
     let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
-    PageRows::new(head, first, rest, Lent::plain(db))
+    PageRows::new((head, false), first, rest, Lent::plain(db))
 }
 
 /// The unscoped page's last column, after the head, the generation and the record's state: true

@@ -38,6 +38,8 @@ type Piece = Result<(Bytes, bool), io::Error>;
 /// A page whose first chunk is ready: the head it was read at, and how it is to be sent.
 pub struct PageStart {
     pub head: Head,
+    /// Whether it was read as a scoped page (`records::ScopedReaders`).
+    pub read_scoped: bool,
     pub body: StartedBody,
 }
 
@@ -53,28 +55,36 @@ pub enum StartedBody {
 /// `span` is the request's, for the log line of such a failure.
 pub async fn start(
     db: Object,
-    username: String,
+    (username, known_scoped): (String, bool),
     pull: PullRequest,
     gzip: bool,
     span: tracing::Span,
 ) -> DbResult<PageStart> {
     let (started, start) = oneshot::channel();
-    crate::db::drivers::spawn_beside(db, move |db| read(db, username, pull, gzip, span, started));
+    crate::db::drivers::spawn_beside(db, move |db| {
+        read(db, (username, known_scoped), pull, gzip, span, started)
+    });
     start.await.map_err(|_| DbError::other("the page reader stopped before the first chunk"))?
 }
 
 /// The page task: the first chunk, then the rest into the body's channel.
 async fn read(
     db: Object,
-    username: String,
+    (username, known_scoped): (String, bool),
     pull: PullRequest,
     gzip: bool,
     span: tracing::Span,
     started: oneshot::Sender<DbResult<PageStart>>,
 ) {
     let first = async {
-        let rows =
-            records::pull_page(db, (&username, &pull.client_id), pull.after, &pull.types, pull.limit).await?;
+        let rows = records::pull_page(
+            db,
+            (&username, &pull.client_id),
+            pull.after,
+            &pull.types,
+            (pull.limit, known_scoped),
+        )
+        .await?;
         let Head { change_id: head, repository_generation } = rows.head;
         let writer =
             PageWriter::new(pull.dialect, head, repository_generation, pull.limit, pull.types.clone());
@@ -89,10 +99,10 @@ async fn read(
         Ok(page) => page,
         Err(e) => return drop(started.send(Err(e))),
     };
-    let head = page.rows.head;
+    let (head, read_scoped) = (page.rows.head, page.rows.read_scoped);
     if page.writer.is_none() {
         let body = StartedBody::Whole(std::mem::take(&mut page.buf), page.records);
-        return drop(started.send(Ok(PageStart { head, body })));
+        return drop(started.send(Ok(PageStart { head, read_scoped, body })));
     }
     let chunk = match page.take_chunk(false) {
         Ok(chunk) => chunk,
@@ -102,7 +112,7 @@ async fn read(
     let _ = tx.send(Ok((chunk, false)));
     let body = StartedBody::Streamed(PageBody { rx, complete: false });
     // Nobody waits for the page any more: another generation (409), a replica behind the cursor.
-    if started.send(Ok(PageStart { head, body })).is_err() {
+    if started.send(Ok(PageStart { head, read_scoped, body })).is_err() {
         return;
     }
     page.rest(tx, pull, span).await;

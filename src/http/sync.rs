@@ -153,12 +153,15 @@ async fn pull_page(
         }
     };
     let span = tracing::Span::current();
+    let known_scoped = st.scoped_readers.knows(username);
     let served = st
         .reads
         .read(username, Some(pull.after), position, move |db| {
-            Box::pin(pull_body::start(db, username.to_owned(), pull.clone(), gzip, span.clone()))
+            let user = (username.to_owned(), known_scoped);
+            Box::pin(pull_body::start(db, user, pull.clone(), gzip, span.clone()))
         })
         .await?;
+    st.scoped_readers.learn(username, served.value.read_scoped);
     let generation = served.value.head.repository_generation;
     if client_generation.is_some_and(|g| g != generation) {
         return Err(ApiError::reset_required(generation));

@@ -702,3 +702,45 @@ async fn the_scoped_page_leaves_its_connection_as_it_found_it() {
         }
     }
 }
+
+/// A user whose pages were scoped starts their next page on the scoped statement
+/// (`records::ScopedReaders`); when they stop being scoped between two pulls, that page is still
+/// the right one (the whole change log, with a type filter too) and the hint is dropped.
+#[actix_web::test]
+async fn a_user_no_longer_scoped_gets_every_record_on_the_scoped_statement() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let worker = create_user(&app, &admin, "w", "read-write", json!({"district": ["north"]})).await;
+    push(
+        &app,
+        &admin,
+        "a",
+        vec![
+            record("h-north", "household", json!({"district": "north"})),
+            record("h-south", "household", json!({"district": "south"})),
+            record("v-1", "visit", json!({"district": "south"})),
+            record("v-2", "visit", json!({"district": "north"})),
+            record("f-1", "facility", json!({})),
+        ],
+    )
+    .await;
+    set_rules(&app, &admin, district_rules()).await;
+    let mut phone = Device::new("phone");
+    phone.sync(&app, &worker, 2).await;
+    assert_eq!(phone.ids(), ["f-1", "h-north"]);
+    assert!(app.state.scoped_readers.knows("w"));
+
+    let (status, body) = app.call(Method::DELETE, "/admin/scopes", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    wait_in_force(&app, &admin, body["version"].as_i64().unwrap()).await;
+    let pull = json!({"client_id": "tablet", "since": {"version": 0}, "schema_types": ["visit"]});
+    let (status, page) = app.call(Method::POST, "/sync/pull?limit=5", Some(&worker), Some(pull)).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let ids: Vec<&str> =
+        page["records"].as_array().unwrap().iter().map(|r| r["observation_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["v-1", "v-2"]);
+    assert!(!app.state.scoped_readers.knows("w"));
+    // The phone receives what the set kept from it, below its cursor, as any device would.
+    phone.sync(&app, &worker, 2).await;
+    assert_eq!(phone.ids(), ["f-1", "h-north", "h-south", "v-1", "v-2"]);
+}

@@ -17,11 +17,17 @@
 //! The statement is written so that no plan can read the whole repository, since the pool's
 //! prepared statements turn generic (parameters unknown) after a few runs and the state tables
 //! are too small for the planner's statistics: `h` is one row by construction, the page's ids are
-//! merged and cut before any record is read, each record is then fetched by its key, and the
-//! author's rows are bounded by row comparisons only the `(created_by, change_id)` index serves.
-//! (Written with a join and `created_by = $3`, a 1 % user's page at 3.3M records took 3 s in the
-//! custom plan and 71 s in the generic one: a hash join over every record, then a walk of the
-//! change-id index filtering by author. Now 2-30 ms in both.)
+//! merged and cut before any record is read, and the author's rows are bounded by row comparisons
+//! only the `(created_by, change_id)` index serves. (Written with a join and `created_by = $3`, a
+//! 1 % user's page at 3.3M records took 3 s in the custom plan and 71 s in the generic one: a hash
+//! join over every record, then a walk of the change-id index filtering by author. Now 2-30 ms in
+//! both.)
+//!
+//! Each record is fetched by its change_id first, then by its key. A live bucket row and an own
+//! record are read at the record's change_id, and a page's change_ids are increasing, so the walks
+//! of that index share their pages; random ids make each walk of the key index its own (1 µs
+//! against 3 a record, measured). A row read at another change (a record that left the bucket, a
+//! redelivery) misses the first lookup and takes the second, so the record is found either way.
 
 use std::sync::LazyLock;
 
@@ -30,6 +36,7 @@ use futures_util::StreamExt;
 use tokio_postgres::types::ToSql;
 
 use crate::db::lent::{Lent, GENERIC_PLANS_SQL};
+use crate::db::record_row::STATE_COLUMNS;
 use crate::db::records::{Head, PageRows};
 use crate::db::scope::read::sees_all_sql;
 use crate::db::{DbError, DbResult};
@@ -109,6 +116,10 @@ pub(super) fn user_rows() -> String {
     )
 }
 
+/// The page's last column, after the head, the generation and the record's state: false when the
+/// user sees everything.
+const SEES_LESS_COLUMN: usize = 2 + STATE_COLUMNS;
+
 fn page_sql(typed: bool) -> String {
     let (user_rows, candidates) = (user_rows(), candidates(typed));
     format!(
@@ -122,9 +133,12 @@ fn page_sql(typed: bool) -> String {
                         SELECT 1 FROM scope_rows v, k WHERE v.key = ANY(k.keys) AND v.record_id = r.id AND v.live
                     ) AS visible
                FROM ids c CROSS JOIN h CROSS JOIN LATERAL (
-                   SELECT * FROM records r WHERE r.id = c.record_id LIMIT 1) r
+                   (SELECT * FROM records r WHERE r.change_id = c.at AND r.id = c.record_id)
+                   UNION ALL
+                   (SELECT * FROM records r WHERE r.id = c.record_id)
+                   LIMIT 1) r
          )
-         SELECT h.head, h.repository_generation, {RENDERED}
+         SELECT h.head, h.repository_generation, {RENDERED}, NOT h.sees_all
            FROM h LEFT JOIN page p ON true ORDER BY p.at"
     )
 }
@@ -159,5 +173,6 @@ pub async fn page(
         return Err(DbError::Other("the scoped page statement returned no row".into()));
     };
     let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
-    PageRows::new(head, first, rest, lent)
+    let read_scoped = first.try_get(SEES_LESS_COLUMN)?;
+    PageRows::new((head, read_scoped), first, rest, lent)
 }
