@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::LazyLock;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use dashmap::DashSet;
 use deadpool_postgres::{GenericClient, Object};
@@ -68,6 +68,8 @@ pub struct PageRows {
     pub read_scoped: bool,
     /// The first record's row, until it is taken; `None` for an empty page.
     first: Option<Row>,
+    /// The change_id of the last row given out (at first the cursor): each row must be above it.
+    last: i64,
     rest: Pin<Box<RowStream>>,
     /// Held until the page is dropped, so the connection is not lent out while rows still arrive.
     _db: Lent,
@@ -77,24 +79,45 @@ impl Stream for PageRows {
     type Item = DbResult<Row>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(row) = self.first.take() {
-            return Poll::Ready(Some(Ok(row)));
-        }
-        self.rest.as_mut().poll_next(cx).map(|next| next.map(|row| row.map_err(DbError::from)))
+        let next = match self.first.take() {
+            Some(row) => Some(Ok(row)),
+            None => ready!(self.rest.as_mut().poll_next(cx)).map(|row| row.map_err(DbError::from)),
+        };
+        Poll::Ready(next.map(|row| row.and_then(|row| self.in_order(row))))
     }
 }
 
 impl PageRows {
-    /// A page whose first row (which carries the head) has arrived; a first row without a record
-    /// is an empty page.
+    /// A page after `after` whose first row (which carries the head) has arrived; a first row
+    /// without a record is not one of the page's records.
     pub(crate) fn new(
-        (head, read_scoped): (Head, bool),
+        (head, read_scoped, after): (Head, bool, i64),
         first: Row,
         rest: Pin<Box<RowStream>>,
         db: Lent,
     ) -> DbResult<PageRows> {
         let first = first.try_get::<_, Option<&str>>(2)?.is_some().then_some(first);
-        Ok(PageRows { head, read_scoped, first, rest, _db: db })
+        Ok(PageRows { head, read_scoped, first, last: after, rest, _db: db })
+    }
+
+    /// Each row moves the page forward within its snapshot (docs/api.md §8.2): a row that does
+    /// not is a broken invariant (of a statement as intricate as the scoped page's, say), and the
+    /// page fails rather than go out wrong to a device that would keep it.
+    fn in_order(&mut self, row: Row) -> DbResult<Row> {
+        let change_id: Option<i64> = row.try_get(2 + Col::change_id as usize)?;
+        match change_id {
+            Some(at) if at > self.last && at <= self.head.change_id => {
+                self.last = at;
+                Ok(row)
+            }
+            _ => Err(DbError::Other(
+                format!(
+                    "a page row at {change_id:?} came after {} (head {})",
+                    self.last, self.head.change_id
+                )
+                .into(),
+            )),
+        }
     }
 }
 
@@ -201,7 +224,7 @@ pub async fn pull_page(
             .await;
     }
     let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
-    PageRows::new((head, false), first, rest, Lent::plain(db))
+    PageRows::new((head, false, after), first, rest, Lent::plain(db))
 }
 
 /// The unscoped page's last column, after the head, the generation and the record's state: true

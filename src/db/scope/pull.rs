@@ -174,5 +174,5 @@ pub async fn page(
     };
     let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
     let read_scoped = first.try_get(SEES_LESS_COLUMN)?;
-    PageRows::new((head, read_scoped), first, rest, lent)
+    PageRows::new((head, read_scoped, after), first, rest, lent)
 }
