@@ -88,14 +88,11 @@ impl Stream for PageRows {
 }
 
 impl PageRows {
-    /// A page after `after` whose first row (which carries the head) has arrived; a first row
-    /// without a record is not one of the page's records.
-    pub(crate) fn new(
-        (head, read_scoped, after): (Head, bool, i64),
-        first: Row,
-        rest: Pin<Box<RowStream>>,
-        db: Lent,
-    ) -> DbResult<PageRows> {
+    /// A page after `after` whose first row has arrived: it carries the head and the
+    /// [`READS_SCOPED_COLUMN`]; a first row without a record is not one of the page's records.
+    pub(crate) fn new(after: i64, first: Row, rest: Pin<Box<RowStream>>, db: Lent) -> DbResult<PageRows> {
+        let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
+        let read_scoped = first.try_get(READS_SCOPED_COLUMN)?;
         let first = first.try_get::<_, Option<&str>>(2)?.is_some().then_some(first);
         Ok(PageRows { head, read_scoped, first, last: after, rest, _db: db })
     }
@@ -218,18 +215,18 @@ pub async fn pull_page(
     let Some(first) = rest.next().await.transpose()? else {
         return Err(DbError::Other("the page statement returned no row".into()));
     };
-    if first.try_get::<_, bool>(SCOPED_COLUMN)? {
+    if first.try_get::<_, bool>(READS_SCOPED_COLUMN)? {
         drop(rest);
         return crate::db::scope::pull::page(db, (username, client_id), after, &distinct_types, limit - 1)
             .await;
     }
-    let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
-    PageRows::new((head, false, after), first, rest, Lent::plain(db))
+    PageRows::new(after, first, rest, Lent::plain(db))
 }
 
-/// The unscoped page's last column, after the head, the generation and the record's state: true
-/// when the page must be read as a scoped one.
-const SCOPED_COLUMN: usize = 2 + STATE_COLUMNS;
+/// Both page statements' last column, after the head, the generation and the record's state:
+/// whether the user reads scoped. In the unscoped statement's first row it says to read the page
+/// with `scope::pull` instead; in the scoped one's, that the user does not see everything.
+pub(crate) const READS_SCOPED_COLUMN: usize = 2 + STATE_COLUMNS;
 
 /// A row of [`PageRows`] as the page writer takes it, borrowed from the row's bytes: the head and
 /// the generation, then the record's state.

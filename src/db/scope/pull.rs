@@ -36,8 +36,7 @@ use futures_util::StreamExt;
 use tokio_postgres::types::ToSql;
 
 use crate::db::lent::{Lent, GENERIC_PLANS_SQL};
-use crate::db::record_row::STATE_COLUMNS;
-use crate::db::records::{Head, PageRows};
+use crate::db::records::PageRows;
 use crate::db::scope::read::sees_all_sql;
 use crate::db::{DbError, DbResult};
 
@@ -116,10 +115,6 @@ pub(super) fn user_rows() -> String {
     )
 }
 
-/// The page's last column, after the head, the generation and the record's state: false when the
-/// user sees everything.
-const SEES_LESS_COLUMN: usize = 2 + STATE_COLUMNS;
-
 fn page_sql(typed: bool) -> String {
     let (user_rows, candidates) = (user_rows(), candidates(typed));
     format!(
@@ -172,7 +167,5 @@ pub async fn page(
     let Some(first) = rest.next().await.transpose()? else {
         return Err(DbError::Other("the scoped page statement returned no row".into()));
     };
-    let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
-    let read_scoped = first.try_get(SEES_LESS_COLUMN)?;
-    PageRows::new((head, read_scoped, after), first, rest, lent)
+    PageRows::new(after, first, rest, lent)
 }
