@@ -173,7 +173,9 @@ impl Preparer {
         let plan = Plan::new(&set, active.as_deref())?;
         prepare::begin(&*db, version).await?;
         tracing::info!(version, "preparing the scope set");
+        let mut statistics = prepare::Statistics::default();
         while let Some(batch) = prepare::read_batch(&*db, &plan).await? {
+            statistics.refresh_after(&*db, batch.records_read()).await?;
             for (after, chunk) in batch.chunks() {
                 let tx = db.transaction().await.map_err(DbError::from)?;
                 let written = prepare::write_chunk(&tx, &plan, chunk, after).await?;

@@ -78,6 +78,30 @@ impl EmbeddedPostgres {
         format!("host={} user={SUPERUSER} dbname={dbname}", self.socket_dir.display())
     }
 
+    /// Makes this process the cluster's only server until the claim is dropped (or the process
+    /// exits, however it exits). A second `synkronus serve` on the same data root would otherwise
+    /// adopt the running cluster as if it had been left by a dead server, then stop it when its
+    /// own start failed (its port taken, say), under the server that was using it.
+    pub fn claim_for_server(&self) -> anyhow::Result<ServerClaim> {
+        let path = self.data_dir.with_extension("lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("DATA_ROOT: cannot open {}", path.display()))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(ServerClaim { _lock: lock }),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => bail!(
+                "DATA_ROOT {} is in use by another synkronus server on this machine: its embedded database \
+                 serves one server at a time (stop that one, or give this one another DATA_ROOT; several \
+                 nodes share a database through DB_CONNECTION: docs/deploy.md)",
+                self.data_dir.parent().unwrap_or(&self.data_dir).display()
+            ),
+            Err((_, errno)) => Err(anyhow!("DATA_ROOT: cannot lock {}: {errno}", path.display())),
+        }
+    }
+
     /// Creates the cluster on first use, then starts it unless it is already running (for example
     /// left over by a server that was killed). A stale pid file is handled by PostgreSQL itself.
     /// Returns true when this call started it.
@@ -259,6 +283,13 @@ impl EmbeddedPostgres {
         cmd.env_remove("PGDATA").env_remove("PGHOST").env_remove("PGPORT");
         cmd.output().with_context(|| format!("cannot run {:?}", cmd.get_program()))
     }
+}
+
+/// Held by the server that runs the embedded cluster, for as long as it runs
+/// ([`EmbeddedPostgres::claim_for_server`]). The lock file is opened close-on-exec, so the
+/// postmaster the server starts does not inherit it and keep it past the server's death.
+pub struct ServerClaim {
+    _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
 /// The embedded cluster as a one-off command holds it: stopped by [`StartedCluster::stop`] when

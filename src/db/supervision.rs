@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::embedded::EmbeddedPostgres;
+use super::embedded::{EmbeddedPostgres, ServerClaim};
 
 /// The first restart waits this long; each failed attempt doubles it, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -53,12 +53,15 @@ impl Postmaster {
 pub struct Supervisor {
     stop: watch::Sender<bool>,
     task: JoinHandle<anyhow::Result<()>>,
+    /// Released once the cluster is stopped (or with the process).
+    claim: ServerClaim,
 }
 
 impl Supervisor {
     /// Creates the cluster on first use, starts it (or adopts the one already running), waits
     /// until it accepts connections, then watches it.
     pub async fn start(cluster: EmbeddedPostgres) -> anyhow::Result<Supervisor> {
+        let claim = cluster.claim_for_server()?;
         let preparer = cluster.clone();
         tokio::task::spawn_blocking(move || preparer.prepare()).await??;
         let postmaster = match cluster.postmaster_pid() {
@@ -72,14 +75,16 @@ impl Supervisor {
         };
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(supervise(cluster, postmaster, stopped));
-        Ok(Supervisor { stop, task })
+        Ok(Supervisor { stop, task, claim })
     }
 
     /// Stops supervising, then stops the cluster (fast shutdown: open transactions roll back,
     /// committed data is safe).
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.stop.send(true);
-        self.task.await.context("the supervision task failed")?
+        let stopped = self.task.await.context("the supervision task failed")?;
+        drop(self.claim);
+        stopped
     }
 }
 

@@ -620,3 +620,41 @@ async fn embedded_postmaster_killed_mid_storm_is_restarted_by_the_server() {
     assert!(status.success(), "the server exits cleanly: {status} {}", server.log_text());
     assert_eq!(root.pg.postmaster_pid(), None, "the server stopped its cluster");
 }
+
+#[actix_web::test]
+async fn a_second_server_on_the_same_data_root_is_refused_and_the_first_keeps_its_database() {
+    let root = EmbeddedDataRoot::new("synk-claim");
+    let mut first = ChildServer::start("", &root.dir, root.dir.join("first.log"), SERVER_ENV).await;
+    let token = first.admin_token().await;
+    let postmaster = root.postmaster_pid();
+
+    // A second server on the same data root, on a port of its own: it must not adopt the running
+    // cluster (and stop it when it exits), but refuse to start, naming the data root.
+    let mut env: BTreeMap<String, String> =
+        crate::helpers::test_env("", &root.dir, SERVER_ENV).into_iter().collect();
+    env.insert("PORT".into(), crate::helpers::free_port().to_string());
+    env.retain(|_, v| !v.is_empty());
+    let second = crate::helpers::binary(&["serve"], &root.dir).envs(env).output();
+    let second =
+        tokio::time::timeout(Duration::from_secs(60), second).await.expect("it exits").expect("it ran");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "the second server started: {stderr}");
+    assert!(stderr.contains("is in use by another synkronus server"), "{stderr}");
+    assert!(stderr.contains(&root.dir.display().to_string()), "{stderr}");
+
+    // The first server and its cluster go on untouched.
+    assert_eq!(root.postmaster_pid(), postmaster, "the cluster was not restarted");
+    let (records, _) = first.pull_all(&token, "claim-device", 0, 100).await;
+    assert!(records.is_empty(), "{records:?}");
+    assert!(first.is_running());
+
+    // Once the first has stopped, the data root is free again (a server that died frees it too:
+    // the lock goes with the process).
+    let status = first.terminate(Duration::from_secs(60)).await;
+    assert!(status.success(), "{}", first.log_text());
+    let mut again = ChildServer::start("", &root.dir, root.dir.join("again.log"), SERVER_ENV).await;
+    let token = again.admin_token().await;
+    let (records, _) = again.pull_all(&token, "claim-device", 0, 100).await;
+    assert!(records.is_empty(), "{records:?}");
+    again.terminate(Duration::from_secs(60)).await;
+}

@@ -87,6 +87,10 @@ pub struct Batch {
 }
 
 impl Batch {
+    pub fn records_read(&self) -> usize {
+        self.records.len()
+    }
+
     /// The chunks to write in turn, each with the scan position it follows.
     pub fn chunks(&self) -> impl Iterator<Item = (&str, &[Scanned])> {
         self.records.chunks(WRITE_CHUNK).scan(self.after.as_str(), |after, chunk| {
@@ -94,6 +98,47 @@ impl Batch {
             *after = chunk.last().map_or(follows, |r| r.id.as_str());
             Some((follows, chunk))
         })
+    }
+}
+
+/// When the tables a preparation fills are analyzed. They grow faster than autovacuum analyzes
+/// them (once a minute at most): planned with the statistics of a table a tenth of its size, the
+/// chunk's lookups by record (the stale keys' delete, the slots' keys) scanned the whole of
+/// `scope_rows` under the change-log lock, 80-95 ms a chunk at 1M records and growing, while pushes
+/// waited (docs/benchmarks-history.md). Analyzed each time the scan has doubled, the statistics are
+/// never off by more than half, for a logarithmic number of analyses.
+#[derive(Debug)]
+pub struct Statistics {
+    scanned: usize,
+    next: usize,
+}
+
+impl Default for Statistics {
+    fn default() -> Self {
+        Statistics { scanned: 0, next: FIRST_ANALYZE }
+    }
+}
+
+/// Records scanned before the first analysis: below this the tables are small whatever the plan.
+const FIRST_ANALYZE: usize = 10_000;
+
+impl Statistics {
+    /// Counts `read` more records and analyzes once the count reaches the next mark (outside any
+    /// lock: an analysis samples the tables, it does not block writers).
+    pub async fn refresh_after(&mut self, db: &impl GenericClient, read: usize) -> DbResult<()> {
+        if self.due_after(read) {
+            db.batch_execute("ANALYZE scope_rows, scope_event_slots, attachment_refs").await?;
+        }
+        Ok(())
+    }
+
+    fn due_after(&mut self, read: usize) -> bool {
+        self.scanned += read;
+        if self.scanned < self.next {
+            return false;
+        }
+        self.next = self.scanned.saturating_mul(2);
+        true
     }
 }
 
@@ -393,4 +438,25 @@ pub(super) fn user_facts(row: &tokio_postgres::Row) -> DbResult<UserFacts> {
     let attributes = UserAttributes::parse(&row.get::<_, serde_json::Value>(2))
         .map_err(|_| DbError::Other(format!("user {username}: stored attributes do not parse").into()))?;
     Ok(UserFacts { username, role, attributes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tables_are_analyzed_each_time_the_scan_doubles() {
+        let mut statistics = Statistics::default();
+        let due: Vec<usize> =
+            (1..=10_000).filter(|_| statistics.due_after(1_000)).map(|n| n * 1_000).collect();
+        assert_eq!(
+            due,
+            [10_000, 20_000, 40_000, 80_000, 160_000, 320_000, 640_000, 1_280_000, 2_560_000, 5_120_000]
+        );
+        let mut uneven = Statistics::default();
+        assert!(!uneven.due_after(9_999));
+        assert!(uneven.due_after(700), "the mark is reached within a batch");
+        assert!(!uneven.due_after(10_000));
+        assert!(uneven.due_after(1_000), "next at twice 10,699");
+    }
 }
