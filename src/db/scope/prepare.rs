@@ -105,8 +105,9 @@ impl Batch {
 /// them (once a minute at most): planned with the statistics of a table a tenth of its size, the
 /// chunk's lookups by record (the stale keys' delete, the slots' keys) scanned the whole of
 /// `scope_rows` under the change-log lock, 80-95 ms a chunk at 1M records and growing, while pushes
-/// waited (docs/benchmarks-history.md, "Scoped sync's cost: fifth measurement"). Analyzed each time the scan has doubled, the statistics are
-/// never off by more than half, for a logarithmic number of analyses.
+/// waited (docs/benchmarks-history.md, "Scoped sync's cost: fifth measurement"). Analyzed each
+/// time the scan has doubled, the statistics are never off by more than half, for a logarithmic
+/// number of analyses.
 #[derive(Debug)]
 pub struct Statistics {
     scanned: usize,
