@@ -648,10 +648,20 @@ async fn a_second_server_on_the_same_data_root_is_refused_and_the_first_keeps_it
     assert!(records.is_empty(), "{records:?}");
     assert!(first.is_running());
 
-    // Once the first has stopped, the data root is free again (a server that died frees it too:
-    // the lock goes with the process).
-    let status = first.terminate(Duration::from_secs(60)).await;
-    assert!(status.success(), "{}", first.log_text());
+    // A server that dies frees the data root too: the lock goes with the process, and the
+    // postmaster, which outlives it, never held it (had the postmaster inherited the lock file, the
+    // next server would be refused here). The next server adopts the orphaned cluster as it runs.
+    first.kill().await;
+    assert_eq!(root.postmaster_pid(), postmaster, "the cluster outlives the killed server");
+    let mut adopting = ChildServer::start("", &root.dir, root.dir.join("adopting.log"), SERVER_ENV).await;
+    assert_eq!(root.postmaster_pid(), postmaster, "the next server adopted the running cluster");
+    let token = adopting.admin_token().await;
+    let (records, _) = adopting.pull_all(&token, "claim-device", 0, 100).await;
+    assert!(records.is_empty(), "{records:?}");
+
+    // And once a server has stopped, the data root is free again.
+    let status = adopting.terminate(Duration::from_secs(60)).await;
+    assert!(status.success(), "{}", adopting.log_text());
     let mut again = ChildServer::start("", &root.dir, root.dir.join("again.log"), SERVER_ENV).await;
     let token = again.admin_token().await;
     let (records, _) = again.pull_all(&token, "claim-device", 0, 100).await;
