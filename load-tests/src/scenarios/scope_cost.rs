@@ -11,7 +11,8 @@
 //! 4. under the set: a user whose `district` attribute names one district (1 % of the
 //!    repository with 100 districts) syncs from cursor 0, checked once (nothing of another
 //!    district, exactly the preview's count) and then timed; an empty incremental pull of that
-//!    user; the push storm again (the push rate with the set in force).
+//!    user, next to an admin's (the unscoped page, same repository and moment); the push storm
+//!    again (the push rate with the set in force).
 //!
 //! The set stays in force at the end; a later run on the same repository starts by clearing it.
 
@@ -127,7 +128,15 @@ pub async fn run(ctx: Arc<Ctx>, a: ScopeCostArgs) -> Result<()> {
     if unscoped > 0.0 {
         ctx.result("scoped.sync_vs_unscoped_baseline", scoped_rate / unscoped);
     }
+    // The same repository at the same moment, read unscoped: an admin sees everything, so their
+    // page is the unscoped statement's. The yardstick of (1) was a smaller repository, earlier.
+    empty_pulls(&ctx, &ctx.api, "empty_pull_admin", a.probe_requests, "scoped.empty_pull_admin").await?;
     empty_pulls(&ctx, &scoped.1, "empty_pull_scoped", a.probe_requests, "scoped.empty_pull").await?;
+    if let (Some(scoped), Some(admin)) =
+        (quantile_ms(&ctx, "empty_pull_scoped", 0.5), quantile_ms(&ctx, "empty_pull_admin", 0.5))
+    {
+        ctx.result("scoped.empty_pull_vs_admin", scoped / admin);
+    }
     let active = push_phase(&ctx, &a, &pusher, "push_set", &mut storms).await;
     if idle.records_per_sec > 0.0 {
         ctx.result("push_set_vs_no_set", active.records_per_sec / idle.records_per_sec);
