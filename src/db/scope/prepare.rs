@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Transaction};
 
+use crate::db::commit::INDEX_PROBES_ONLY_SQL;
 use crate::db::records::CHANGELOG_LOCK;
 use crate::db::scope::{set_version, SetVersion};
 use crate::db::{DbError, DbResult};
@@ -233,6 +234,13 @@ pub async fn write_chunk(
         let families: Vec<&str> = plan.backfill.family_ids().collect();
         // Rows of these families left by an earlier preparation that was replaced may be stale;
         // the records are unchanged since they were read, so what was computed is their state.
+        // Planned from statistics, this delete scanned the whole table in the first chunks of a
+        // preparation (before its first analysis, the table filling by thousands of rows a
+        // second): 30-40 ms a chunk under the lock, which pushes waited behind for up to 250 ms
+        // (docs/benchmarks-history.md, "Scoped sync's cost: sixth measurement"). As in a commit,
+        // it probes the index per record at any size; only it: planned so, the slots' statement
+        // below reads every slot of the version for each chunk.
+        tx.batch_execute(INDEX_PROBES_ONLY_SQL).await?;
         tx.execute(
             "DELETE FROM scope_rows s USING unnest($1::text[]) AS b(id)
              WHERE s.record_id = b.id AND split_part(s.key, '=', 1) = ANY($2)
@@ -241,6 +249,7 @@ pub async fn write_chunk(
             &[&ids, &families, &keys, &key_records],
         )
         .await?;
+        tx.batch_execute("RESET enable_seqscan; RESET enable_hashjoin; RESET enable_mergejoin").await?;
         tx.execute(
             "INSERT INTO scope_rows (key, record_id, change_id, live)
              SELECT key, record_id, change_id, true FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(key, record_id, change_id)
