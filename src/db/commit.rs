@@ -41,6 +41,11 @@ const TRANSMISSIONS_SQL: &str = "SELECT t.client_id, t.transmission_id, t.finger
 pub const INDEX_PROBES_ONLY_SQL: &str = "SELECT set_config('enable_seqscan', 'off', true),
      set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)";
 
+/// Undoes [`INDEX_PROBES_ONLY_SQL`] within the transaction, for a caller that needs it for one
+/// statement only.
+pub const INDEX_PROBES_ONLY_RESET_SQL: &str =
+    "RESET enable_seqscan; RESET enable_hashjoin; RESET enable_mergejoin";
+
 /// The statements of a group commit that find rows of `records` or `transmissions` by key: their
 /// plans must probe an index per key at any table size (a test holds them to it).
 pub fn keyed_statements() -> [&'static str; 5] {

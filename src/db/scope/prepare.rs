@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Transaction};
 
-use crate::db::commit::INDEX_PROBES_ONLY_SQL;
+use crate::db::commit::{INDEX_PROBES_ONLY_RESET_SQL, INDEX_PROBES_ONLY_SQL};
 use crate::db::records::CHANGELOG_LOCK;
 use crate::db::scope::{set_version, SetVersion};
 use crate::db::{DbError, DbResult};
@@ -252,7 +252,7 @@ pub async fn write_chunk(
             &[&ids, &families, &keys, &key_records],
         )
         .await?;
-        tx.batch_execute("RESET enable_seqscan; RESET enable_hashjoin; RESET enable_mergejoin").await?;
+        tx.batch_execute(INDEX_PROBES_ONLY_RESET_SQL).await?;
         tx.execute(
             "INSERT INTO scope_rows (key, record_id, change_id, live)
              SELECT key, record_id, change_id, true FROM unnest($1::text[], $2::text[], $3::int8[]) AS k(key, record_id, change_id)
