@@ -91,8 +91,12 @@ async fn bounded_by<T>(
     limit: Duration,
     call: impl Future<Output = object_store::Result<T>>,
 ) -> StorageResult<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result.map_err(map_error),
+    within(limit, async { call.await.map_err(map_error) }).await
+}
+
+async fn within<T>(limit: Duration, work: impl Future<Output = StorageResult<T>>) -> StorageResult<T> {
+    match tokio::time::timeout(limit, work).await {
+        Ok(result) => result,
         Err(_) => Err(StorageError::Unavailable(format!("no answer within {} s", limit.as_secs()))),
     }
 }
@@ -148,12 +152,35 @@ impl ObjectArea {
         }
     }
 
+    /// A conditional create is not idempotent to object_store, so it does not retry one whose
+    /// connection timed out or was reset: the store may have written it. We know better: the key
+    /// is create-only and our keys are content-addressed or new under a lock, so one more try is
+    /// safe, and an object of our size found then is the first try's.
     pub(super) async fn put_bytes(&self, key: &str, bytes: Bytes) -> StorageResult<()> {
-        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-        let limit = upload_limit(bytes.len() as u64);
-        bounded_by(limit, self.store.put_opts(&self.path(key), PutPayload::from(bytes), opts))
-            .await
-            .map(|_| ())
+        let path = self.path(key);
+        let size = bytes.len() as u64;
+        let create = |bytes: Bytes| {
+            let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+            self.store.put_opts(&path, PutPayload::from(bytes), opts)
+        };
+        let tries = async {
+            match create(bytes.clone()).await.map_err(map_error) {
+                Err(StorageError::Unavailable(cause)) => {
+                    tracing::info!(key, %cause, "object store write failed in transit: trying once more");
+                    match create(bytes).await.map_err(map_error) {
+                        Err(StorageError::AlreadyExists(existing)) => {
+                            match self.store.head(&path).await.map_err(map_error)? {
+                                meta if meta.size == size => Ok(()),
+                                _ => Err(StorageError::AlreadyExists(existing)),
+                            }
+                        }
+                        second => second.map(|_| ()),
+                    }
+                }
+                first => first.map(|_| ()),
+            }
+        };
+        within(upload_limit(size), tries).await
     }
 
     pub(super) async fn put_file(&self, key: &str, src: &Path) -> StorageResult<()> {

@@ -1,6 +1,8 @@
 //! File storage (docs/api.md §18.1): the storage interface's contract on both backends, the
 //! attachment and bundle API on S3 (moto's server on loopback), and an object-store outage.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -148,6 +150,72 @@ async fn the_storage_contract_holds_on_s3_and_an_outage_is_an_error_within_10_s(
     let err = storage.bundles.put_bytes("x", Bytes::from_static(b"x")).await.expect_err("store stopped");
     assert!(err.is_unavailable(), "{err}");
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+}
+
+/// A TCP relay to `upstream` that spoils its first connection: the request reaches the store,
+/// which acts on it, but its answer never comes back; the client's connection is reset instead
+/// (what a loaded container network did to the compose cluster's first attachment once). Returns
+/// the relay's port and how many connections it accepted.
+async fn relay_losing_its_first_answer(upstream: u16) -> (u16, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+    let port = listener.local_addr().expect("relay address").port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+            tokio::spawn(async move {
+                let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+                if !first {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    return;
+                }
+                let mut request = vec![0u8; 64 * 1024];
+                let mut answer = [0u8; 1];
+                loop {
+                    tokio::select! {
+                        read = client.read(&mut request) => match read {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                if server.write_all(&request[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        },
+                        _ = server.read(&mut answer) => {
+                            let _ = client.set_zero_linger();
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (port, accepted)
+}
+
+#[actix_web::test]
+async fn a_write_whose_answer_is_lost_is_tried_again_and_finds_its_own_object() {
+    let s3 = S3Server::start().await;
+    let bucket = s3.bucket().await;
+    let (relay, accepted) = relay_losing_its_first_answer(s3.port).await;
+    let mut env = s3.env(&bucket);
+    env.retain(|(k, _)| k != "AWS_ENDPOINT_URL");
+    env.push(("AWS_ENDPOINT_URL".into(), format!("http://127.0.0.1:{relay}")));
+    let storage = storage_at(&env);
+
+    // The first try wrote the object but its answer was lost: the second finds it, ours.
+    storage.attachments.put_bytes("blobs/ab/photo", Bytes::from_static(b"pixels")).await.expect("put");
+    assert!(accepted.load(Ordering::SeqCst) >= 2, "the write was not tried again");
+    assert_eq!(read(&storage.attachments, "blobs/ab/photo", None).await, b"pixels");
+
+    // A key that holds other bytes is still refused, and keeps them.
+    let again = storage.attachments.put_bytes("blobs/ab/photo", Bytes::from_static(b"others")).await;
+    assert!(matches!(again, Err(StorageError::AlreadyExists(_))), "{again:?}");
+    assert_eq!(read(&storage.attachments, "blobs/ab/photo", None).await, b"pixels");
 }
 
 #[test]
