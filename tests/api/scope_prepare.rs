@@ -3,12 +3,14 @@
 //! record a commit changes in between must keep the keys its commit wrote. Staged by holding the
 //! preparation lock from the test (the server's preparer waits) and driving the scan's two steps.
 
+use std::time::Duration;
+
 use serde_json::json;
-use synkronus::db::scope::prepare::{self, Plan, PREPARATION_LOCK};
+use synkronus::db::scope::prepare::{self, Plan, BATCH, PREPARATION_LOCK};
 use synkronus::db::scope::{self as scope_db};
 
 use crate::helpers::{connect, TestApp};
-use crate::scopes::{create_user, push, record, wait_in_force, Device};
+use crate::scopes::{create_user, push, record, set_rules, wait_in_force, Device};
 
 #[actix_web::test]
 async fn a_record_moved_between_the_scans_read_and_write_keeps_the_keys_of_its_commit() {
@@ -66,4 +68,87 @@ async fn a_record_moved_between_the_scans_read_and_write_keeps_the_keys_of_its_c
     let mut phone = Device::new("phone");
     phone.sync(&app, &north, 2).await;
     assert_eq!(phone.ids(), ["stays"]);
+}
+
+/// A preparation of several batches: the tables it fills are analyzed as the scan grows (after
+/// the first batch, then each time it doubles), its stale-key deletes probe the index, and every
+/// device ends up with exactly its set, whether it synced before the set or after.
+#[actix_web::test]
+async fn a_preparation_of_several_batches_analyzes_as_it_goes_and_every_device_gets_its_set() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let north = create_user(&app, &admin, "north-worker", "read-write", json!({"district": ["north"]})).await;
+    let south =
+        create_user(&app, &admin, "south-worker", "read-only", json!({"district": ["south", "east"]})).await;
+    let districts = ["north", "south", "east", "west"];
+    let households = 2 * BATCH as usize + 600;
+    let ids: Vec<String> = (0..households).map(|n| format!("h{n:05}")).collect();
+    for chunk in ids.chunks(650) {
+        let records = chunk
+            .iter()
+            .map(|id| {
+                let n: usize = id[1..].parse().expect("number");
+                record(id, "household", json!({"district": districts[n % 4]}))
+            })
+            .collect();
+        push(&app, &admin, "admin-device", records).await;
+    }
+    push(
+        &app,
+        &admin,
+        "admin-device",
+        (0..50).map(|n| record(&format!("f{n:02}"), "facility", json!({}))).collect(),
+    )
+    .await;
+
+    // Before any set, the north worker's phone holds everything.
+    let mut north_phone = Device::new("north-phone");
+    north_phone.sync(&app, &north, 500).await;
+    assert_eq!(north_phone.ids().len(), households + 50);
+
+    let rules = json!([
+        {"name": "workers: their districts' households", "applies_to": {"roles": ["read-only", "read-write"]},
+         "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}},
+        {"name": "everyone: facilities", "applies_to": {"roles": ["read-only", "read-write"]},
+         "form_types": ["facility"]}
+    ]);
+    set_rules(&app, &admin, rules).await;
+
+    let db = connect(&app.db_conn).await;
+    // 2,600 records scanned: analyzed at 1,000 and 2,000. Autovacuum's analyses count apart.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let analyses: i64 = db
+            .query_one("SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'scope_rows'", &[])
+            .await
+            .expect("statistics")
+            .get(0);
+        if analyses >= 2 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "scope_rows analyzed {analyses} times");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let live: i64 =
+        db.query_one("SELECT count(*) FROM scope_rows WHERE live", &[]).await.expect("rows").get(0);
+    assert!(live >= households as i64, "one live key per household at least: {live}");
+
+    let in_districts = |wanted: &[&str]| -> Vec<String> {
+        let mut expected: Vec<String> = ids
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| wanted.contains(&districts[n % 4]))
+            .map(|(_, id)| id.clone())
+            .collect();
+        expected.extend((0..50).map(|n| format!("f{n:02}")));
+        expected.sort();
+        expected
+    };
+    // The phone that held everything drops what left its set (one tombstone each) ...
+    north_phone.sync(&app, &north, 300).await;
+    assert_eq!(north_phone.ids(), in_districts(&["north"]));
+    // ... and a new phone receives exactly its set.
+    let mut south_phone = Device::new("south-phone");
+    south_phone.sync(&app, &south, 700).await;
+    assert_eq!(south_phone.ids(), in_districts(&["south", "east"]));
 }
