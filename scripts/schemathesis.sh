@@ -81,7 +81,7 @@ fuzz 2>&1 | tee "$DATA_ROOT/fuzz.out" || status=$?
 # before 3.11.8, "AST constructor recursion depth mismatch" while hypothesis describes a strategy),
 # and this keeps another of its kind from failing the build on its first occurrence.
 if [ "$status" -ne 0 ] && ! grep -q '= FAILURES =' "$DATA_ROOT/fuzz.out" \
-    && grep -q 'AST constructor recursion depth mismatch\|^Runtime Error' "$DATA_ROOT/fuzz.out"; then
+    && grep -q '^Runtime Error' "$DATA_ROOT/fuzz.out"; then
     echo "--- schemathesis failed inside the tool itself (not a finding): running it again"
     status=0
     fuzz || status=$?

@@ -164,20 +164,19 @@ impl ObjectArea {
             self.store.put_opts(&path, PutPayload::from(bytes), opts)
         };
         let tries = async {
-            match create(bytes.clone()).await.map_err(map_error) {
-                Err(StorageError::Unavailable(cause)) => {
-                    tracing::info!(key, %cause, "object store write failed in transit: trying once more");
-                    match create(bytes).await.map_err(map_error) {
-                        Err(StorageError::AlreadyExists(existing)) => {
-                            match self.store.head(&path).await.map_err(map_error)? {
-                                meta if meta.size == size => Ok(()),
-                                _ => Err(StorageError::AlreadyExists(existing)),
-                            }
-                        }
-                        second => second.map(|_| ()),
+            let first = create(bytes.clone()).await.map_err(map_error);
+            let Err(StorageError::Unavailable(cause)) = first else { return first.map(|_| ()) };
+            tracing::info!(key, %cause, "object store write failed in transit: trying once more");
+            match create(bytes).await.map_err(map_error) {
+                Err(StorageError::AlreadyExists(existing)) => {
+                    let stored = self.store.head(&path).await.map_err(map_error)?;
+                    if stored.size == size {
+                        Ok(())
+                    } else {
+                        Err(StorageError::AlreadyExists(existing))
                     }
                 }
-                first => first.map(|_| ()),
+                second => second.map(|_| ()),
             }
         };
         within(upload_limit(size), tries).await
