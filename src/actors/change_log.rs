@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::db::attachments::{AttachmentRow, NewAttachment};
 use crate::db::commit::Base;
 use crate::db::records::Head;
+use crate::db::scope::write::CommitScopes;
 use crate::db::DbError;
 use crate::domain::audit::Origin;
 pub use crate::domain::sync::plan::Push;
@@ -217,6 +218,7 @@ pub struct ChangeLog {
     incoming: Option<mpsc::UnboundedReceiver<Report>>,
     /// Groups written ahead, waiting to hear whether the commit before them committed.
     waiting: HashMap<GroupId, oneshot::Sender<bool>>,
+    scopes: Arc<CommitScopes>,
     #[cfg(debug_assertions)]
     pauses: pauses::Pauses,
 }
@@ -230,6 +232,7 @@ impl ChangeLog {
             reports,
             incoming: Some(incoming),
             waiting: HashMap::new(),
+            scopes: Arc::default(),
             #[cfg(debug_assertions)]
             pauses: pauses::Pauses::default(),
         }
@@ -239,6 +242,7 @@ impl ChangeLog {
         transaction::Reporter {
             group,
             reports: self.reports.clone(),
+            scopes: self.scopes.clone(),
             #[cfg(debug_assertions)]
             pauses: self.pauses.clone(),
         }

@@ -3,6 +3,7 @@
 //! the change log's own pool and reports what the scheduler needs to know (planned, wrote, redo,
 //! done) through the actor's channel, in that order.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{SubsecRound, Utc};
@@ -15,7 +16,7 @@ use super::{AttachmentCommit, CommitError, Event, Job, Pending, PushOutcome, Rep
 use crate::db::attachments::{self, NewAttachment};
 use crate::db::commit::{self, Base};
 use crate::db::records::{self, Head};
-use crate::db::scope::write as scope_write;
+use crate::db::scope::write::{self as scope_write, CommitScopes};
 use crate::db::{audit, DbError, DbResult};
 use crate::domain::audit::{Action, Origin};
 use crate::domain::sync::plan::{self, Decision, OutOfScope, Outcome, Push};
@@ -28,6 +29,8 @@ use super::pauses::{Pauses, Point};
 pub(super) struct Reporter {
     pub(super) group: GroupId,
     pub(super) reports: mpsc::UnboundedSender<Report>,
+    /// The key plans of the scope sets, shared by the change log's commits.
+    pub(super) scopes: Arc<CommitScopes>,
     #[cfg(debug_assertions)]
     pub(super) pauses: Pauses,
 }
@@ -204,7 +207,7 @@ async fn commit(
         states.retain(|id, _| ids.binary_search(&id.as_str()).is_ok());
     }
     // Scoped sync (docs/api.md §20): the keys to write, and the updates to refuse.
-    let scoped = scope_write::commit_scope(&tx, scope).await?;
+    let scoped = scope_write::commit_scope(&tx, scope, &reporter.scopes).await?;
     let out_of_scope = match &scoped {
         Some(s) if s.enforce => scope_write::out_of_scope_of(&tx, pushes, &decisions, &states).await?,
         _ => OutOfScope::new(),
@@ -226,9 +229,14 @@ async fn commit(
         states.keys().map(String::as_str).filter(|id| revised.contains(id)).collect()
     };
     phases.lap("plan");
-    commit::write_plan(&tx, pushes, &plan, &overwritten, now, phases).await?;
-    if let Some(scoped) = &scoped {
-        scope_write::write_plan(&tx, scoped, &plan, &states).await?;
+    let keys = scoped.as_ref().map(|scoped| scope_write::start_keys(scoped, &plan, &states));
+    let writes_keys = keys.is_some();
+    // Sent behind the records' statements on the same connection, without waiting for them.
+    futures_util::try_join!(
+        commit::write_plan(&tx, pushes, &plan, &overwritten, now, phases),
+        scope_write::write_plan(&tx, keys, &plan)
+    )?;
+    if writes_keys {
         phases.lap("scope");
     }
     reporter.wrote();
@@ -265,10 +273,16 @@ async fn commit_ahead(
     // which the lock's base check below confirms.
     let plan = plan::plan(pushes, &decisions, &states, head, repository_generation, now, &OutOfScope::new());
     reporter.planned(Base { head: plan.head, repository_generation, scope });
+    let keys = scope_write::commit_scope(&tx, scope, &reporter.scopes)
+        .await?
+        .map(|scoped| scope_write::start_keys(&scoped, &plan, &states));
+    let writes_keys = keys.is_some();
     phases.lap("plan");
-    commit::write_ahead(&tx, pushes, &plan, now, phases).await?;
-    if let Some(scoped) = scope_write::commit_scope(&tx, scope).await? {
-        scope_write::write_plan(&tx, &scoped, &plan, &states).await?;
+    futures_util::try_join!(
+        commit::write_ahead(&tx, pushes, &plan, now, phases),
+        scope_write::write_plan(&tx, keys, &plan)
+    )?;
+    if writes_keys {
         phases.lap("scope");
     }
     #[cfg(debug_assertions)]

@@ -28,7 +28,7 @@ pub struct ScopeState {
     /// 0 when no set is in force.
     pub active_version: i64,
     pub preparing_version: Option<i64>,
-    /// Rises with every change of either: the commit path keeps a key plan per revision.
+    /// Rises with every change of either: a group written ahead commits only if it has not moved.
     pub revision: i64,
 }
 
