@@ -255,7 +255,11 @@ struct KeyInput {
 }
 
 /// Starts working out the keys and references of the records `plan` leaves current.
-pub fn start_keys(scope: &CommitScope, plan: &Plan<'_>, stored: &HashMap<String, CurrentState>) -> PendingKeys {
+pub fn start_keys(
+    scope: &CommitScope,
+    plan: &Plan<'_>,
+    stored: &HashMap<String, CurrentState>,
+) -> PendingKeys {
     let mut superseded = vec![false; plan.revision_count()];
     for &i in &plan.superseded_in_batch {
         superseded[i] = true;
