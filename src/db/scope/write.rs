@@ -185,7 +185,10 @@ pub struct CommitScope {
 /// instead of once per commit (a round trip on the commit's connection, which a push storm
 /// waits for).
 #[derive(Default)]
-pub struct CommitScopes(Mutex<Option<((i64, Option<i64>), Arc<CommitScope>)>>);
+pub struct CommitScopes(Mutex<Option<(SetVersions, Arc<CommitScope>)>>);
+
+/// The version in force (0: none) and the one being prepared.
+type SetVersions = (i64, Option<i64>);
 
 /// `None` when no set is in force or being prepared: the commit writes nothing for scopes.
 pub async fn commit_scope(
