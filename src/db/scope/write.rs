@@ -243,9 +243,9 @@ pub async fn out_of_scope_of(
 }
 
 /// The keys and attachment references of the records a plan leaves current, being worked out on
-/// a thread of their own while the commit writes the records: parsing each record's data takes
-/// the commit's connection as long as inserting its key rows (about 3 µs a record, measured), and
-/// that connection is what a push storm waits for.
+/// a thread of their own while the commit writes the records: the commit's connection, which a
+/// push storm waits for, is not held while each record's data is parsed (docs/benchmarks-history.md,
+/// "Scoped sync's cost: eighth measurement, where a push with the set spends its time").
 pub struct PendingKeys(tokio::task::JoinHandle<DbResult<WrittenRecords>>);
 
 /// One record the plan leaves current, owned so that another thread can work out its keys.
@@ -259,7 +259,7 @@ struct KeyInput {
 
 /// Starts working out the keys and references of the records `plan` leaves current.
 pub fn start_keys(
-    scope: &CommitScope,
+    scope: &Arc<CommitScope>,
     plan: &Plan<'_>,
     stored: &HashMap<String, CurrentState>,
 ) -> PendingKeys {
@@ -279,8 +279,8 @@ pub fn start_keys(
             existed: stored.contains_key(revision.record.id()),
         })
         .collect();
-    let keys = scope.keys.clone();
-    PendingKeys(tokio::task::spawn_blocking(move || records_keys(&keys, inputs)))
+    let scope = scope.clone();
+    PendingKeys(tokio::task::spawn_blocking(move || records_keys(&scope.keys, inputs)))
 }
 
 fn records_keys(plan: &KeyPlan, inputs: Vec<KeyInput>) -> DbResult<WrittenRecords> {
