@@ -229,14 +229,11 @@ async fn commit(
         states.keys().map(String::as_str).filter(|id| revised.contains(id)).collect()
     };
     phases.lap("plan");
-    let keys = scoped.as_ref().map(|scoped| scope_write::start_keys(scoped, &plan, &states));
-    let writes_keys = keys.is_some();
-    // Sent behind the records' statements on the same connection, without waiting for them.
     futures_util::try_join!(
         commit::write_plan(&tx, pushes, &plan, &overwritten, now, phases),
-        scope_write::write_plan(&tx, keys, &plan)
+        scope_write::write_plan(&tx, scoped.as_deref(), &plan, &states)
     )?;
-    if writes_keys {
+    if scoped.is_some() {
         phases.lap("scope");
     }
     reporter.wrote();
@@ -273,16 +270,13 @@ async fn commit_ahead(
     // which the lock's base check below confirms.
     let plan = plan::plan(pushes, &decisions, &states, head, repository_generation, now, &OutOfScope::new());
     reporter.planned(Base { head: plan.head, repository_generation, scope });
-    let keys = scope_write::commit_scope(&tx, scope, &reporter.scopes)
-        .await?
-        .map(|scoped| scope_write::start_keys(&scoped, &plan, &states));
-    let writes_keys = keys.is_some();
+    let scoped = scope_write::commit_scope(&tx, scope, &reporter.scopes).await?;
     phases.lap("plan");
     futures_util::try_join!(
         commit::write_ahead(&tx, pushes, &plan, now, phases),
-        scope_write::write_plan(&tx, keys, &plan)
+        scope_write::write_plan(&tx, scoped.as_deref(), &plan, &states)
     )?;
-    if writes_keys {
+    if scoped.is_some() {
         phases.lap("scope");
     }
     #[cfg(debug_assertions)]

@@ -242,68 +242,31 @@ pub async fn out_of_scope_of(
     Ok(out_of_scope(db, &ids, &pushers).await?.into_iter().map(|(id, pusher)| (pusher, id)).collect())
 }
 
-/// The keys and attachment references of the records a plan leaves current, being worked out on
-/// a thread of their own while the commit writes the records: the commit's connection, which a
-/// push storm waits for, is not held while each record's data is parsed (docs/benchmarks-history.md,
-/// "Scoped sync's cost: eighth measurement, where a push with the set spends its time").
-pub struct PendingKeys(tokio::task::JoinHandle<DbResult<WrittenRecords>>);
-
-/// One record the plan leaves current, owned so that another thread can work out its keys.
-struct KeyInput {
-    id: String,
-    form_type: String,
-    data: String,
-    change_id: i64,
-    existed: bool,
-}
-
-/// Starts working out the keys and references of the records `plan` leaves current.
-pub fn start_keys(
-    scope: &Arc<CommitScope>,
+/// Writes the keys and attachment references of the records the plan leaves current, and the
+/// tombstones of its refusals; nothing without a scope (no set in force or being prepared). The
+/// commit runs it beside the records' writes on the same connection, so its statements follow
+/// theirs without waiting for their answers.
+pub async fn write_plan(
+    db: &impl GenericClient,
+    scope: Option<&CommitScope>,
     plan: &Plan<'_>,
     stored: &HashMap<String, CurrentState>,
-) -> PendingKeys {
+) -> DbResult<()> {
+    let Some(scope) = scope else { return Ok(()) };
     let mut superseded = vec![false; plan.revision_count()];
     for &i in &plan.superseded_in_batch {
         superseded[i] = true;
     }
-    let inputs: Vec<KeyInput> = plan
-        .revisions()
-        .zip(&superseded)
-        .filter(|(_, superseded)| !**superseded)
-        .map(|(revision, _)| KeyInput {
-            id: revision.record.id().to_owned(),
-            form_type: revision.record.form_type().to_owned(),
-            data: revision.data.to_owned(),
-            change_id: revision.change_id,
-            existed: stored.contains_key(revision.record.id()),
-        })
-        .collect();
-    let scope = scope.clone();
-    PendingKeys(tokio::task::spawn_blocking(move || records_keys(&scope.keys, inputs)))
-}
-
-fn records_keys(plan: &KeyPlan, inputs: Vec<KeyInput>) -> DbResult<WrittenRecords> {
     let mut written = WrittenRecords::default();
-    for input in inputs {
-        let unreadable = |e: serde_json::Error| {
-            DbError::Other(format!("record {}: data is not JSON: {e}", input.id).into())
-        };
-        let keys = plan.record_keys(&input.form_type, &input.data).map_err(unreadable)?;
-        let refs = attachment_refs(&input.data).map_err(unreadable)?;
-        written.push(&input.id, input.change_id, input.existed, keys, refs);
+    for (revision, _) in plan.revisions().zip(&superseded).filter(|(_, superseded)| !**superseded) {
+        let id = revision.record.id();
+        let data = revision.data;
+        let unreadable =
+            |e: serde_json::Error| DbError::Other(format!("record {id}: data is not JSON: {e}").into());
+        let keys = scope.keys.record_keys(revision.record.form_type(), data).map_err(unreadable)?;
+        let refs = attachment_refs(data).map_err(unreadable)?;
+        written.push(id, revision.change_id, stored.contains_key(id), keys, refs);
     }
-    Ok(written)
-}
-
-/// Writes the keys and attachment references [`start_keys`] worked out (nothing without them: no
-/// set in force or being prepared), and the tombstones of the plan's refusals.
-pub async fn write_plan(db: &impl GenericClient, keys: Option<PendingKeys>, plan: &Plan<'_>) -> DbResult<()> {
-    let Some(keys) = keys else { return Ok(()) };
-    let written = keys
-        .0
-        .await
-        .map_err(|e| DbError::Other(format!("working out the records' keys failed: {e}").into()))??;
     write(db, &written).await?;
     let pushers: Vec<&str> = plan.refusals.iter().map(|r| r.pushed_by).collect();
     let records: Vec<&str> = plan.refusals.iter().map(|r| r.record_id).collect();
