@@ -11,7 +11,6 @@ pub mod read;
 pub mod users;
 pub mod write;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -20,7 +19,7 @@ use serde_json::Value;
 
 use crate::db::records::CHANGELOG_LOCK;
 use crate::db::{DbError, DbResult};
-use crate::domain::scope::{Family, KeyPlan, ScopeRules};
+use crate::domain::scope::ScopeRules;
 
 /// The set in force and the one being prepared, as one snapshot saw them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -88,50 +87,6 @@ fn set_from_row(row: &tokio_postgres::Row) -> DbResult<SetVersion> {
 pub async fn set_version(db: &impl GenericClient, version: i64) -> DbResult<Option<SetVersion>> {
     let sql = format!("SELECT {SET_COLUMNS} FROM scope_sets WHERE version = $1");
     db.query_opt(&sql, &[&version]).await?.as_ref().map(set_from_row).transpose()
-}
-
-/// The rules in force (`None`: no set) and the set being prepared, in one snapshot of the
-/// caller's transaction or statement sequence.
-#[derive(Debug, Clone, Default)]
-pub struct Sets {
-    pub state: ScopeState,
-    pub active: Option<Arc<ScopeRules>>,
-    pub preparing: Option<SetVersion>,
-}
-
-impl Sets {
-    /// The families whose keys every commit writes: those of the set in force and of the one
-    /// being prepared (so the preparation never misses a record written while it runs).
-    pub fn maintained_families(&self) -> BTreeSet<Family> {
-        let mut families = BTreeSet::new();
-        if let Some(active) = &self.active {
-            families.extend(active.families());
-        }
-        if let Some(rules) = self.preparing.as_ref().and_then(|p| p.rules.as_ref()) {
-            families.extend(rules.families());
-        }
-        families
-    }
-
-    /// Whether commits keep keys and attachment references at all.
-    pub fn is_maintained(&self) -> bool {
-        self.active.is_some() || self.preparing.is_some()
-    }
-
-    pub fn key_plan(&self) -> KeyPlan {
-        KeyPlan::new(&self.maintained_families())
-    }
-}
-
-#[tracing::instrument(name = "db.scope.sets", level = "debug", skip_all)]
-pub async fn sets(db: &impl GenericClient) -> DbResult<Sets> {
-    let state = state(db).await?;
-    let active = rules_of(db, state.active_version).await?;
-    let preparing = match state.preparing_version {
-        None => None,
-        Some(version) => set_version(db, version).await?,
-    };
-    Ok(Sets { state, active, preparing })
 }
 
 /// The rules of a version (`None`: no set, or version 0).

@@ -210,6 +210,8 @@ pub async fn commit_scope(
         Some(version) => rules_of(db, version).await?,
         None => None,
     };
+    // The families of both sets: a record written while a set is prepared already has the keys
+    // it will need, so the preparation never misses it.
     let mut families = active.as_deref().map(ScopeRules::families).unwrap_or_default();
     families.extend(preparing.as_deref().map(ScopeRules::families).unwrap_or_default());
     let scope = Arc::new(CommitScope { keys: KeyPlan::new(&families), enforce: state.active_version > 0 });
