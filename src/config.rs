@@ -135,7 +135,21 @@ pub fn probe_address(lookup: impl Fn(&str) -> Option<String>) -> Result<SocketAd
     Ok(SocketAddr::new(ip, config.port))
 }
 
+/// `DB_POOL_SIZE` shared out between a process's two request pools (see `db::create_pull_pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestConnections {
+    pub pulls: usize,
+    pub others: usize,
+}
+
 impl Config {
+    /// Half of `DB_POOL_SIZE` (rounded up) for pull pages, the rest for every other request: the
+    /// total a node holds stays what operators size `max_connections` by.
+    pub fn request_connections(&self) -> RequestConnections {
+        let pulls = self.db_pool_size.div_ceil(2);
+        RequestConnections { pulls, others: self.db_pool_size - pulls }
+    }
+
     /// Loads `.env` (if present) then the environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(environment())

@@ -141,7 +141,7 @@ async fn stop_after_failed_start(embedded: Option<Supervisor>) {
 }
 
 async fn connect_migrate(config: &Config, conn: &str) -> anyhow::Result<deadpool_postgres::Pool> {
-    let pool = db::create_pool(conn, config.db_pool_size)?;
+    let pool = db::create_pool(conn, config.request_connections().others)?;
     db::wait_until_reachable(&pool).await?;
     db::migrate(&pool).await.context("migrations failed")?;
     Ok(pool)
@@ -175,9 +175,9 @@ impl Application {
         let replicas: Vec<String> =
             config.db_read_replicas.iter().map(|r| r.expose_secret().to_string()).collect();
         let reads = crate::db::replicas::ReadRouter::new(
-            pool.clone(),
+            (pool.clone(), db::create_pull_pool(conn, config.request_connections().pulls)?),
             &replicas,
-            config.db_pool_size,
+            (config.request_connections().others, config.request_connections().pulls),
             config.export_max_concurrent,
             config.replica_max_wait,
             config.replica_max_lag,

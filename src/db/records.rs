@@ -12,7 +12,6 @@ use serde_json::value::RawValue;
 use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{Row, RowStream};
 
-use crate::db::lent::Lent;
 use crate::db::record_row::{select_through, Col, Table, STATE_COLUMNS};
 use crate::db::{stats, DbError, DbResult};
 use crate::domain::sync::page::PulledRecord;
@@ -72,7 +71,7 @@ pub struct PageRows {
     last: i64,
     rest: Pin<Box<RowStream>>,
     /// Held until the page is dropped, so the connection is not lent out while rows still arrive.
-    _db: Lent,
+    _db: Object,
 }
 
 impl Stream for PageRows {
@@ -90,7 +89,7 @@ impl Stream for PageRows {
 impl PageRows {
     /// A page after `after` whose first row has arrived: it carries the head and the
     /// [`READS_SCOPED_COLUMN`]; a first row without a record is not one of the page's records.
-    pub(crate) fn new(after: i64, first: Row, rest: Pin<Box<RowStream>>, db: Lent) -> DbResult<PageRows> {
+    pub(crate) fn new(after: i64, first: Row, rest: Pin<Box<RowStream>>, db: Object) -> DbResult<PageRows> {
         let head = Head { change_id: first.try_get(0)?, repository_generation: first.try_get(1)? };
         let read_scoped = first.try_get(READS_SCOPED_COLUMN)?;
         let first = first.try_get::<_, Option<&str>>(2)?.is_some().then_some(first);
@@ -220,7 +219,7 @@ pub async fn pull_page(
         return crate::db::scope::pull::page(db, (username, client_id), after, &distinct_types, limit - 1)
             .await;
     }
-    PageRows::new(after, first, rest, Lent::plain(db))
+    PageRows::new(after, first, rest, db)
 }
 
 /// Both page statements' last column, after the head, the generation and the record's state:

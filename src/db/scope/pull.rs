@@ -14,8 +14,8 @@
 //! redeliveries, and the rows. Each source is read along its own index from the cursor and cut at
 //! `limit + 1` rows before the merge, so a page costs the same at any repository size (S5).
 //!
-//! The statement is written so that no plan can read the whole repository, since the pool's
-//! prepared statements turn generic (parameters unknown) after a few runs and the state tables
+//! The statement is written so that no plan can read the whole repository, since it is planned
+//! generically (parameters unknown: `db::create_pull_pool`) and the state tables
 //! are too small for the planner's statistics: `h` is one row by construction, the page's ids are
 //! merged and cut before any record is read, and the author's rows are bounded by row comparisons
 //! only the `(created_by, change_id)` index serves. (Written with a join and `created_by = $3`, a
@@ -35,7 +35,6 @@ use deadpool_postgres::Object;
 use futures_util::StreamExt;
 use tokio_postgres::types::ToSql;
 
-use crate::db::lent::{Lent, GENERIC_PLANS_SQL};
 use crate::db::records::PageRows;
 use crate::db::scope::read::sees_all_sql;
 use crate::db::{DbError, DbResult};
@@ -115,6 +114,11 @@ pub(super) fn user_rows() -> String {
     )
 }
 
+/// The rows leave in the order the ids were merged in, each record fetched as its turn comes, so
+/// the page writer encodes the first records while PostgreSQL fetches the rest. The `ORDER BY`
+/// sits inside the lateral join, where the merged ids already satisfy it, and not over the join,
+/// where it sorted the whole page before its first row left (as the unscoped page, whose rows
+/// come the same way; `PageRows` checks the order of every row).
 fn page_sql(typed: bool) -> String {
     let (user_rows, candidates) = (user_rows(), candidates(typed));
     format!(
@@ -134,7 +138,7 @@ fn page_sql(typed: bool) -> String {
                    LIMIT 1) r
          )
          SELECT h.head, h.repository_generation, {RENDERED}, NOT h.sees_all
-           FROM h LEFT JOIN page p ON true ORDER BY p.at"
+           FROM h LEFT JOIN LATERAL (SELECT * FROM page ORDER BY at) p ON true"
     )
 }
 
@@ -151,8 +155,6 @@ pub async fn page(
     let typed = !types.is_empty();
     // Built once: every scoped pull looks its statement up by this text.
     static PAGE_SQL: LazyLock<[String; 2]> = LazyLock::new(|| [page_sql(false), page_sql(true)]);
-    let lent = Lent::with_generic_plans(db);
-    let db = lent.client()?;
     let statement = db.prepare_cached(&PAGE_SQL[usize::from(typed)]).await?;
     let limit = limit + 1;
     let params: Vec<&(dyn ToSql + Sync)> = if typed {
@@ -160,12 +162,10 @@ pub async fn page(
     } else {
         vec![&after, &limit, &username, &client_id]
     };
-    // Pipelined: the setting is sent first, so the statement is planned under it, and both cost
-    // one round trip.
-    let (_, rest) = tokio::try_join!(db.batch_execute(GENERIC_PLANS_SQL), db.query_raw(&statement, params))?;
+    let rest = db.query_raw(&statement, params).await?;
     let mut rest = Box::pin(rest);
     let Some(first) = rest.next().await.transpose()? else {
         return Err(DbError::Other("the scoped page statement returned no row".into()));
     };
-    PageRows::new(after, first, rest, lent)
+    PageRows::new(after, first, rest, db)
 }
