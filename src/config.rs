@@ -135,19 +135,19 @@ pub fn probe_address(lookup: impl Fn(&str) -> Option<String>) -> Result<SocketAd
     Ok(SocketAddr::new(ip, config.port))
 }
 
-/// `DB_POOL_SIZE` shared out between a process's two request pools (see `db::create_pull_pool`).
+/// `DB_POOL_SIZE` shared out between a process's two request pools (see `db::create_sync_pool`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestConnections {
-    pub pulls: usize,
+    pub sync: usize,
     pub others: usize,
 }
 
 impl Config {
-    /// Half of `DB_POOL_SIZE` (rounded up) for pull pages, the rest for every other request: the
+    /// Half of `DB_POOL_SIZE` (rounded up) for sync reads, the rest for every other request: the
     /// total a node holds stays what operators size `max_connections` by.
     pub fn request_connections(&self) -> RequestConnections {
-        let pulls = self.db_pool_size.div_ceil(2);
-        RequestConnections { pulls, others: self.db_pool_size - pulls }
+        let sync = self.db_pool_size.div_ceil(2);
+        RequestConnections { sync, others: self.db_pool_size - sync }
     }
 
     /// Loads `.env` (if present) then the environment.

@@ -175,9 +175,9 @@ impl Application {
         let replicas: Vec<String> =
             config.db_read_replicas.iter().map(|r| r.expose_secret().to_string()).collect();
         let reads = crate::db::replicas::ReadRouter::new(
-            (pool.clone(), db::create_pull_pool(conn, config.request_connections().pulls)?),
+            (pool.clone(), db::create_sync_pool(conn, config.request_connections().sync)?),
             &replicas,
-            (config.request_connections().others, config.request_connections().pulls),
+            (config.request_connections().others, config.request_connections().sync),
             config.export_max_concurrent,
             config.replica_max_wait,
             config.replica_max_lag,

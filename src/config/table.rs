@@ -166,8 +166,8 @@ pub static VARIABLES: &[Variable] = &[
     Variable::defaulted(
         "DB_POOL_SIZE",
         "16",
-        "Connections per process for requests (≥ 2), half of them (rounded up) for pull pages; the change log keeps 2 more, \
-         each running export 1",
+        "Connections per process for requests (≥ 2), half of them (rounded up) for sync reads (pull pages, attachment \
+         manifests); the change log keeps 2 more, each running export 1",
         set!(db_pool_size = |raw| at_least(raw, 2)),
     ),
     Variable::optional(

@@ -1,5 +1,7 @@
 //! SQL for attachment metadata.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
@@ -107,7 +109,9 @@ pub async fn changes_after(
     after: i64,
     deletions: bool,
 ) -> DbResult<(i64, Vec<AttachmentRow>)> {
-    changes_where(db, ["change_id > $1", "change_id > $1"], &after, deletions).await
+    static SQL: LazyLock<[String; 2]> =
+        LazyLock::new(|| [changes_sql(AFTER, false), changes_sql(AFTER, true)]);
+    changes_where(db, &SQL[usize::from(deletions)], &after).await
 }
 
 /// Attachments recorded or deleted after a moment, up to the snapshot head, with that head.
@@ -116,16 +120,13 @@ pub async fn changes_since(
     db: &impl GenericClient,
     since: DateTime<Utc>,
 ) -> DbResult<(i64, Vec<AttachmentRow>)> {
-    changes_where(db, ["created_at > $1", "deleted_at > $1"], &since, true).await
+    static SQL: LazyLock<String> = LazyLock::new(|| changes_sql(SINCE, true));
+    changes_where(db, &SQL, &since).await
 }
 
-/// `conditions`: on `attachments`, then on `attachment_tombstones`.
-async fn changes_where(
-    db: &impl GenericClient,
-    [condition, tombstone_condition]: [&str; 2],
-    param: &(dyn tokio_postgres::types::ToSql + Sync),
-    deletions: bool,
-) -> DbResult<(i64, Vec<AttachmentRow>)> {
+/// A statement for [`changes_where`]: the changes that meet `conditions` on `attachments`, then on
+/// `attachment_tombstones` (left out without `deletions`).
+fn changes_sql([condition, tombstone_condition]: [&str; 2], deletions: bool) -> String {
     let tombstones = if deletions {
         format!(
             "UNION ALL SELECT id, '', 0, '', '', client_id, deleted_at, change_id, true FROM attachment_tombstones
@@ -134,14 +135,27 @@ async fn changes_where(
     } else {
         String::new()
     };
-    let sql = format!(
+    format!(
         "WITH h AS (SELECT head FROM change_head)
          SELECT h.head, a.* FROM h LEFT JOIN LATERAL (
              SELECT {COLUMNS}, false FROM attachments WHERE {condition} AND change_id <= h.head
              {tombstones}
              ORDER BY change_id
          ) a ON true"
-    );
+    )
+}
+
+const AFTER: [&str; 2] = ["change_id > $1", "change_id > $1"];
+const SINCE: [&str; 2] = ["created_at > $1", "deleted_at > $1"];
+
+/// The rows of `sql` (one of [`changes_sql`]'s, built once: devices ask for the manifest at every
+/// sync, and each text is prepared once per connection) with its head.
+async fn changes_where(
+    db: &impl GenericClient,
+    sql: &str,
+    param: &(dyn tokio_postgres::types::ToSql + Sync),
+) -> DbResult<(i64, Vec<AttachmentRow>)> {
+    let sql = db.prepare_cached(sql).await?;
     let rows = db.query(&sql, &[param]).await?;
     let head: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
     let items = rows

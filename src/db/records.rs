@@ -289,7 +289,7 @@ pub async fn head(db: &impl GenericClient) -> DbResult<i64> {
 
 #[tracing::instrument(name = "db.records.head_and_generation", level = "debug", skip_all)]
 pub async fn head_and_generation(db: &impl GenericClient) -> DbResult<Head> {
-    let row = db.query_one(HEAD_SQL, &[]).await?;
+    let row = db.query_one(&db.prepare_cached(HEAD_SQL).await?, &[]).await?;
     Ok(Head { change_id: row.get(0), repository_generation: row.get(1) })
 }
 

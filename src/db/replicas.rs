@@ -94,11 +94,11 @@ pub struct ReplicaReport {
 struct Replica {
     /// Host, port and database of the connection string: never its password.
     name: String,
-    /// For requests other than pulls (`DB_POOL_SIZE`, shared out by
+    /// For requests other than sync reads (`DB_POOL_SIZE`, shared out by
     /// `Config::request_connections`).
     pool: Pool,
-    /// For pull pages (`crate::db::create_pull_pool`).
-    pull_pool: Pool,
+    /// For sync reads (`crate::db::create_sync_pool`).
+    sync_pool: Pool,
     /// For exports (`EXPORT_MAX_CONCURRENT`): an export holds its connection for minutes, and must
     /// not take one requests are waiting for.
     export_pool: Pool,
@@ -114,7 +114,7 @@ struct Replica {
 #[derive(Clone, Copy)]
 enum Lane {
     Requests,
-    Pulls,
+    Sync,
     Exports,
 }
 
@@ -122,7 +122,7 @@ impl Replica {
     fn pool(&self, lane: Lane) -> &Pool {
         match lane {
             Lane::Requests => &self.pool,
-            Lane::Pulls => &self.pull_pool,
+            Lane::Sync => &self.sync_pool,
             Lane::Exports => &self.export_pool,
         }
     }
@@ -166,7 +166,7 @@ impl Replica {
 /// replicas' health (one checker), each with connections of its own.
 pub struct ReadRouter {
     primary: Pool,
-    primary_pulls: Pool,
+    primary_sync: Pool,
     replicas: Vec<Replica>,
     next: AtomicUsize,
     max_wait: Duration,
@@ -187,12 +187,12 @@ fn display_name(conn: &str) -> String {
 
 impl ReadRouter {
     /// Pools are created lazily: an unreachable replica does not delay start-up. Each replica gets
-    /// `pool_size` connections for requests other than pulls, `pull_pool_size` for pull pages and
+    /// `pool_size` connections for requests other than sync reads, `sync_pool_size` for those and
     /// `export_pool_size` for exports.
     pub fn new(
-        (primary, primary_pulls): (Pool, Pool),
+        (primary, primary_sync): (Pool, Pool),
         replica_conns: &[String],
-        (pool_size, pull_pool_size): (usize, usize),
+        (pool_size, sync_pool_size): (usize, usize),
         export_pool_size: usize,
         max_wait: Duration,
         max_lag: Duration,
@@ -210,7 +210,7 @@ impl ReadRouter {
                 Ok(Replica {
                     name,
                     pool: crate::db::create_pool(conn, pool_size)?,
-                    pull_pool: crate::db::create_pull_pool(conn, pull_pool_size)?,
+                    sync_pool: crate::db::create_sync_pool(conn, sync_pool_size)?,
                     export_pool: crate::db::create_pool(conn, export_pool_size)?,
                     in_rotation: AtomicBool::new(false),
                     last: Mutex::new(report),
@@ -220,7 +220,7 @@ impl ReadRouter {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let router = Arc::new(ReadRouter {
             primary,
-            primary_pulls,
+            primary_sync,
             replicas,
             next: AtomicUsize::new(0),
             max_wait,
@@ -263,16 +263,16 @@ impl ReadRouter {
         self.routed(Lane::Requests, &self.primary, reader, cursor, &position, &run).await
     }
 
-    /// [`ReadRouter::read`] for a pull page, on connections that plan generically
-    /// (`crate::db::create_pull_pool`).
-    pub async fn pull<'a, T>(
+    /// [`ReadRouter::read`] for a read every device sync makes (a pull page, an attachment
+    /// manifest), on connections that plan generically (`crate::db::create_sync_pool`).
+    pub async fn read_for_sync<'a, T>(
         &self,
         reader: &str,
-        cursor: i64,
+        cursor: Option<i64>,
         position: impl Fn(&T) -> i64,
         run: impl Fn(Object) -> ReadFuture<'a, T>,
     ) -> DbResult<Served<T>> {
-        self.routed(Lane::Pulls, &self.primary_pulls, reader, Some(cursor), &position, &run).await
+        self.routed(Lane::Sync, &self.primary_sync, reader, cursor, &position, &run).await
     }
 
     async fn routed<'a, T>(
@@ -441,7 +441,7 @@ enum ReplicaError {
 /// drives (see `db::drivers`): a pull page's rows then reach its encoder without crossing threads.
 async fn connection(lane: Lane, pool: &Pool) -> DbResult<Object> {
     Ok(match lane {
-        Lane::Requests | Lane::Pulls => super::drivers::get_near(pool).await?,
+        Lane::Requests | Lane::Sync => super::drivers::get_near(pool).await?,
         Lane::Exports => pool.get().await?,
     })
 }

@@ -327,7 +327,7 @@ async fn manifest_rows(
     };
     let served = st
         .reads
-        .read(username, after.or(client.map(|_| 0)), position, |db| {
+        .read_for_sync(username, after.or(client.map(|_| 0)), position, |db| {
             Box::pin(async move {
                 let generation = records::head_and_generation(&db).await?.repository_generation;
                 // A scoped user's manifest lists what they may download (docs/api.md §20.4).

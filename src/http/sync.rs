@@ -156,7 +156,7 @@ async fn pull_page(
     let known_scoped = st.scoped_readers.knows(username);
     let served = st
         .reads
-        .pull(username, pull.after, position, move |db| {
+        .read_for_sync(username, Some(pull.after), position, move |db| {
             let user = (username.to_owned(), known_scoped);
             Box::pin(pull_body::start(db, user, pull.clone(), gzip, span.clone()))
         })

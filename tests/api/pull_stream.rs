@@ -259,18 +259,18 @@ async fn a_database_failure_after_the_first_chunk_breaks_the_body_and_before_it_
     assert_eq!(records[201]["data"]["noise"].as_str().map(str::len), Some(40_000));
 }
 
-/// Pull pages are planned once per connection, on connections of their own
-/// (`db::create_pull_pool`); every other request keeps PostgreSQL's choice of plan, since many of
-/// their statements are only fast planned for their parameters.
+/// The reads of a device sync (pull pages, attachment manifests) are planned once per connection,
+/// on connections of their own (`db::create_sync_pool`); every other request keeps PostgreSQL's
+/// choice of plan, since many of their statements are only fast planned for their parameters.
 #[actix_web::test]
-async fn pull_connections_plan_generically_and_no_other_connection_does() {
+async fn sync_connections_plan_generically_and_no_other_connection_does() {
     let conn = crate::helpers::cluster().connection_string(&crate::helpers::fresh_database().await);
     let plan_mode = |pool: deadpool_postgres::Pool| async move {
         let db = pool.get().await.expect("a connection");
         db.query_one("SHOW plan_cache_mode", &[]).await.expect("the setting").get::<_, String>(0)
     };
-    let pulls = synkronus::db::create_pull_pool(&conn, 1).expect("the pull pool");
-    assert_eq!(plan_mode(pulls).await, "force_generic_plan");
+    let sync = synkronus::db::create_sync_pool(&conn, 1).expect("the sync pool");
+    assert_eq!(plan_mode(sync).await, "force_generic_plan");
     let others = synkronus::db::create_pool(&conn, 1).expect("the request pool");
     assert_eq!(plan_mode(others).await, "auto");
 }

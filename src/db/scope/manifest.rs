@@ -23,34 +23,23 @@ pub async fn changes_after(
     (username, client_id): (&str, &str),
     after: i64,
 ) -> DbResult<Option<(i64, Vec<AttachmentRow>)>> {
+    // Built once: devices ask for the manifest at every sync, and each statement is prepared once
+    // per connection (near the head at 8.6M records, parsing and planning the manifest took 1.9 ms
+    // of its 2.1).
     static SCOPED_SQL: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {}", reads_scoped_sql("$1", "$2")));
-    let scoped: bool = db.query_one(SCOPED_SQL.as_str(), &[&username, &after]).await?.get(0);
+    static MANIFEST_SQL: LazyLock<String> = LazyLock::new(manifest_sql);
+    let scoped = db.prepare_cached(&SCOPED_SQL).await?;
+    let scoped: bool = db.query_one(&scoped, &[&username, &after]).await?.get(0);
     if !scoped {
         return Ok(None);
     }
-    let (user_rows, candidates) = (user_rows(), candidates(false));
-    let sql = format!(
-        "WITH {user_rows}{candidates}
-         ), named AS (
-             SELECT ar.attachment_id AS id, max(c.at) AS at FROM cand c
-               JOIN attachment_refs ar ON ar.record_id = c.record_id GROUP BY ar.attachment_id
-         ), uploaded AS (
-             SELECT a.id, a.change_id AS at FROM attachments a, h
-              WHERE a.change_id > $1 AND a.change_id <= h.head AND ($1 > 0 OR a.uploaded_by = $3)
-         ), ops AS (
-             SELECT id, max(at) AS at, bool_or(named) AS named FROM (
-                 SELECT id, at, true AS named FROM named UNION ALL SELECT id, at, false FROM uploaded) x
-              GROUP BY id
-         )
-         SELECT h.head, a.id, a.sha256, a.size, a.content_type, a.uploaded_by, a.client_id, a.created_at,
-                o.at, (h.sees_all OR {visible}) AS visible, o.named
-           FROM ops o JOIN attachments a ON a.id = o.id, h
-          ORDER BY o.at",
-        visible = attachment_visible_sql("a", "$3")
-    );
-    let head: i64 = db.query_one("SELECT head FROM change_head", &[]).await?.get(0);
-    let rows = db.query(&sql, &[&after, &i64::MAX, &username, &client_id]).await?;
+    let (head, manifest) = tokio::try_join!(
+        db.prepare_cached("SELECT head FROM change_head"),
+        db.prepare_cached(&MANIFEST_SQL)
+    )?;
+    let head: i64 = db.query_one(&head, &[]).await?.get(0);
+    let rows = db.query(&manifest, &[&after, &i64::MAX, &username, &client_id]).await?;
     let head = rows.first().map_or(head, |row| row.get(0));
     let operations = rows
         .iter()
@@ -71,4 +60,35 @@ pub async fn changes_after(
         })
         .collect();
     Ok(Some((head, operations)))
+}
+
+/// The manifest after `$1` for the user `$3` on the device `$4`; `$2` bounds each source of the
+/// scoped pull's candidates (here, no bound).
+///
+/// The attachments the candidates name are looked up record by record (the `OFFSET 0` keeps the
+/// lateral lookup from being flattened into a join): unbounded, the candidates look many to the
+/// planner, which joined them to every reference by hashing the whole table (at 504,000
+/// references, 74 ms for a manifest of 2,000 changes, now 2.1; from cursor 0, 154 ms, now 104).
+fn manifest_sql() -> String {
+    let (user_rows, candidates) = (user_rows(), candidates(false));
+    format!(
+        "WITH {user_rows}{candidates}
+         ), named AS (
+             SELECT ar.attachment_id AS id, max(c.at) AS at FROM cand c CROSS JOIN LATERAL (
+                 SELECT ar.attachment_id FROM attachment_refs ar WHERE ar.record_id = c.record_id OFFSET 0) ar
+              GROUP BY ar.attachment_id
+         ), uploaded AS (
+             SELECT a.id, a.change_id AS at FROM attachments a, h
+              WHERE a.change_id > $1 AND a.change_id <= h.head AND ($1 > 0 OR a.uploaded_by = $3)
+         ), ops AS (
+             SELECT id, max(at) AS at, bool_or(named) AS named FROM (
+                 SELECT id, at, true AS named FROM named UNION ALL SELECT id, at, false FROM uploaded) x
+              GROUP BY id
+         )
+         SELECT h.head, a.id, a.sha256, a.size, a.content_type, a.uploaded_by, a.client_id, a.created_at,
+                o.at, (h.sees_all OR {visible}) AS visible, o.named
+           FROM ops o JOIN attachments a ON a.id = o.id, h
+          ORDER BY o.at",
+        visible = attachment_visible_sql("a", "$3")
+    )
 }

@@ -15,7 +15,7 @@
 //! `limit + 1` rows before the merge, so a page costs the same at any repository size (S5).
 //!
 //! The statement is written so that no plan can read the whole repository, since it is planned
-//! generically (parameters unknown: `db::create_pull_pool`) and the state tables
+//! generically (parameters unknown: `db::create_sync_pool`) and the state tables
 //! are too small for the planner's statistics: `h` is one row by construction, the page's ids are
 //! merged and cut before any record is read, and the author's rows are bounded by row comparisons
 //! only the `(created_by, change_id)` index serves. (Written with a join and `created_by = $3`, a
