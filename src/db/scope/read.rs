@@ -1,6 +1,8 @@
 //! What every other reader of records asks (docs/api.md §20.4): may this user see this record, or
 //! this attachment, now. Each question is one statement, so it is answered in one snapshot.
 
+use std::sync::LazyLock;
+
 use deadpool_postgres::GenericClient;
 
 use crate::db::DbResult;
@@ -87,8 +89,12 @@ pub async fn attachment_visible(
     username: &str,
     attachment_id: &str,
 ) -> DbResult<bool> {
-    let sql = format!("SELECT {} FROM attachments a WHERE a.id = $2", attachment_visible_sql("a", "$1"));
-    Ok(db.query_opt(&sql, &[&username, &attachment_id]).await?.is_some_and(|row| row.get(0)))
+    // Built once and prepared once per connection: every download under a set asks.
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {} FROM attachments a WHERE a.id = $2", attachment_visible_sql("a", "$1"))
+    });
+    let statement = db.prepare_cached(&SQL).await?;
+    Ok(db.query_opt(&statement, &[&username, &attachment_id]).await?.is_some_and(|row| row.get(0)))
 }
 
 /// Live records by form type that a user with `keys` receives (their own included), or every
