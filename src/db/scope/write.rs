@@ -200,7 +200,9 @@ pub async fn commit_scope(
         return Ok(None);
     }
     let versions = (state.active_version, state.preparing_version);
-    if let Some((seen, scope)) = known.0.lock().map_err(|_| poisoned())?.as_ref() {
+    // The cache holds a whole pair or nothing, so a lock poisoned by a panic elsewhere still
+    // holds a consistent value.
+    if let Some((seen, scope)) = known.0.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
         if *seen == versions {
             return Ok(Some(scope.clone()));
         }
@@ -215,12 +217,8 @@ pub async fn commit_scope(
     let mut families = active.as_deref().map(ScopeRules::families).unwrap_or_default();
     families.extend(preparing.as_deref().map(ScopeRules::families).unwrap_or_default());
     let scope = Arc::new(CommitScope { keys: KeyPlan::new(&families), enforce: state.active_version > 0 });
-    *known.0.lock().map_err(|_| poisoned())? = Some((versions, scope.clone()));
+    *known.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((versions, scope.clone()));
     Ok(Some(scope))
-}
-
-fn poisoned() -> DbError {
-    DbError::Other("the commit scopes' lock was poisoned".into())
 }
 
 /// The stored records of the applied pushes that their pushers may not change (see
