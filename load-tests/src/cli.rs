@@ -490,6 +490,11 @@ pub struct CapacityArgs {
     /// Seconds between a device's bundle manifest checks (conditional, If-None-Match).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub manifest_secs: u64,
+    /// After each pull, a device asks for the attachments it lacks since its last answer
+    /// (`POST /attachments/manifest`), as Formulus does at every sync. The operations are
+    /// counted, not downloaded.
+    #[arg(long)]
+    pub attachment_manifest: bool,
     /// Devices per team: a team shares one form type and each device pulls that type, so a
     /// device receives its team's records (a whole fleet pulling everything grows as N²).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{Api, TestApp};
+use crate::helpers::{connect, Api, TestApp};
 
 /// A device's store: what it holds after applying every pulled record (live) or tombstone.
 #[derive(Default, Debug)]
@@ -743,4 +743,92 @@ async fn a_user_no_longer_scoped_gets_every_record_on_the_scoped_statement() {
     // The phone receives what the set kept from it, below its cursor, as any device would.
     phone.sync(&app, &worker, 2).await;
     assert_eq!(phone.ids(), ["f-1", "h-north", "h-south", "v-1", "v-2"]);
+}
+
+/// The ids a manifest lists for download, sorted.
+async fn downloads_after(app: &TestApp, token: &str, cursor: i64) -> (Vec<String>, i64) {
+    let (status, manifest) = app
+        .call(
+            Method::POST,
+            "/attachments/manifest",
+            Some(token),
+            Some(json!({"client_id": "phone", "since_version": cursor})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{manifest}");
+    let mut ids: Vec<String> = manifest["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["operation"] == "download")
+        .map(|o| o["attachment_id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    (ids, manifest["current_version"].as_i64().unwrap())
+}
+
+/// A photo uploaded after a device's cursor, named by a record the device already holds, reaches
+/// exactly the users who may see that record: read under the record's keys while the user's keys
+/// stay as they were, and checked upload by upload once they changed after the cursor.
+#[actix_web::test]
+async fn an_upload_reaches_the_users_who_hold_a_record_that_names_it() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let north = create_user(&app, &admin, "wn", "read-write", json!({"district": ["north"]})).await;
+    let east = create_user(&app, &admin, "we", "read-write", json!({"district": ["east"]})).await;
+    set_rules(&app, &admin, district_rules()).await;
+    let [north_photo, east_photo, own_photo, loose_photo] =
+        ["north.jpg", "east.jpg", "own note.jpg", "loose.jpg"];
+    push(
+        &app,
+        &admin,
+        "admin-device",
+        vec![
+            record("h-north", "household", json!({"district": "north", "photo": {"filename": north_photo}})),
+            record("h-east", "household", json!({"district": "east", "photo": {"filename": east_photo}})),
+        ],
+    )
+    .await;
+    // A record of the worker's own, of a form no rule gives anybody.
+    push(&app, &north, "phone", vec![record("note-wn", "note", json!({"photo": own_photo}))]).await;
+    // Both devices hold every record they may see, and no photo has arrived yet.
+    let (ids, north_cursor) = downloads_after(&app, &north, 0).await;
+    assert!(ids.is_empty(), "{ids:?}");
+    let (_, east_cursor) = downloads_after(&app, &east, 0).await;
+
+    for id in [north_photo, east_photo, own_photo, loose_photo] {
+        let (status, body) = app
+            .put_bytes(
+                &admin,
+                &format!("/attachments/{}", id.replace(' ', "%20")),
+                id.as_bytes(),
+                Some("image/jpeg"),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let db = connect(&app.db_conn).await;
+    let written: Vec<(String, String)> = db
+        .query("SELECT key, attachment_id FROM scope_uploads ORDER BY attachment_id, key", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(written.contains(&("@wn".to_owned(), own_photo.to_owned())), "{written:?}");
+    assert!(written.contains(&("@admin".to_owned(), north_photo.to_owned())), "{written:?}");
+    assert!(!written.iter().any(|(_, id)| id == loose_photo), "an upload no record names: {written:?}");
+
+    let (ids, _) = downloads_after(&app, &north, north_cursor).await;
+    assert_eq!(ids, [north_photo, own_photo]);
+    let (ids, _) = downloads_after(&app, &east, east_cursor).await;
+    assert_eq!(ids, [east_photo]);
+    let (ids, _) = downloads_after(&app, &admin, north_cursor).await;
+    assert_eq!(ids, [east_photo, loose_photo, north_photo, own_photo], "admins see every upload");
+
+    // The north worker is given the east as well: after the old cursor, the east photo too
+    // (its record comes again, and the uploads are checked one by one).
+    set_attributes(&app, &admin, "wn", json!({"district": ["north", "east"]})).await;
+    let (ids, _) = downloads_after(&app, &north, north_cursor).await;
+    assert_eq!(ids, [east_photo, north_photo, own_photo]);
 }

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The request kinds a device sends, in the order the step tables show them.
-const KINDS: [&str; 4] = ["push", "pull", "upload", "manifest"];
+const KINDS: [&str; 5] = ["push", "pull", "attachment_manifest", "upload", "manifest"];
 
 #[derive(Debug, Clone, Serialize)]
 struct Step {
@@ -325,7 +325,8 @@ fn publish(ctx: &Ctx, a: &CapacityArgs, steps: &[Step]) {
     ctx.result(
         "device_request_rate_per_sec",
         format!(
-            "push and pull {:.4} × devices; upload / {}; manifest / {}",
+            "push and pull{} {:.4} × devices; upload / {}; manifest / {}",
+            if a.attachment_manifest { " and attachment manifest" } else { "" },
             1.0 / a.period_secs as f64,
             a.period_secs * a.photo_every.max(1),
             a.manifest_secs
@@ -342,18 +343,19 @@ fn opt(v: Option<f64>) -> String {
 fn steps_markdown(steps: &[Step]) -> String {
     let mut md =
         String::from("## Steps\n\nRequests per second and latency over each step's measured part.\n\n");
-    md.push_str("| devices | push/s | pull/s | upload/s | manifest/s | records pushed/s | records pulled/s | errors | verdict |\n");
-    md.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    md.push_str("| devices | push/s | pull/s | attachment manifest/s | upload/s | manifest/s | records pushed/s | records pulled/s | errors | verdict |\n");
+    md.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for s in steps {
         let rate = |n: &str| {
             kind(s, n).map(|k| format!("{:.1}", k.throughput_per_sec)).unwrap_or_else(|| "–".into())
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.devices,
             rate("push"),
             rate("pull"),
+            rate("attachment_manifest"),
             rate("upload"),
             rate("manifest"),
             s.records_pushed_per_sec,
@@ -362,18 +364,19 @@ fn steps_markdown(steps: &[Step]) -> String {
             s.failed.as_deref().unwrap_or("pass")
         );
     }
-    md.push_str("\n| devices | push p50 / p99 ms | pull p50 / p99 ms | upload p50 / p99 ms | manifest p50 / p99 ms |\n");
-    md.push_str("|---:|---:|---:|---:|---:|\n");
+    md.push_str("\n| devices | push p50 / p99 ms | pull p50 / p99 ms | attachment manifest p50 / p99 ms | upload p50 / p99 ms | manifest p50 / p99 ms |\n");
+    md.push_str("|---:|---:|---:|---:|---:|---:|\n");
     for s in steps {
         let lat = |n: &str| {
             kind(s, n).map(|k| format!("{:.1} / {:.1}", k.p50_ms, k.p99_ms)).unwrap_or_else(|| "–".into())
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             s.devices,
             lat("push"),
             lat("pull"),
+            lat("attachment_manifest"),
             lat("upload"),
             lat("manifest")
         );

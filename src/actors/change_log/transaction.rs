@@ -343,6 +343,7 @@ async fn commit_attachment(pool: &Pool, new: NewAttachment) -> Result<Attachment
     }
     let change_id = records::head(&tx).await? + 1;
     let row = attachments::insert(&tx, &new, change_id).await?;
+    scope_write::note_upload(&tx, &row.id, change_id).await?;
     records::set_head(&tx, change_id).await?;
     tx.commit().await.map_err(DbError::from)?;
     Ok(AttachmentCommit { row, created: true })

@@ -156,7 +156,8 @@ pub async fn create_version(
 #[tracing::instrument(name = "db.scope.reset", level = "debug", skip_all)]
 pub async fn reset(db: &impl GenericClient) -> DbResult<()> {
     db.batch_execute(
-        "DELETE FROM scope_rows; DELETE FROM attachment_refs; DELETE FROM scope_event_users;
+        "DELETE FROM scope_rows; DELETE FROM attachment_refs; DELETE FROM scope_uploads;
+         DELETE FROM scope_event_users;
          DELETE FROM scope_event_slots WHERE event_id IN (SELECT id FROM scope_events WHERE base IS NOT NULL);
          DELETE FROM scope_events WHERE base IS NOT NULL;
          DELETE FROM scope_event_slots WHERE event_id IN (SELECT event_id FROM scope_sets WHERE state = 'preparing');

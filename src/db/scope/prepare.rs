@@ -381,6 +381,8 @@ pub async fn switch(tx: &Transaction<'_>, plan: &Plan, now: DateTime<Utc>) -> Db
     let users = all_users(tx).await?;
     let mut affected = 0;
     tx.execute("DELETE FROM scope_user_keys", &[]).await?;
+    // Every user's keys start now, so no manifest reads the uploads written under the old ones.
+    tx.execute("DELETE FROM scope_uploads", &[]).await?;
     for user in &users {
         let old = Visibility::of(old_rules.as_deref(), user);
         let new = Visibility::of(new_rules.as_deref(), user);
@@ -395,7 +397,8 @@ pub async fn switch(tx: &Transaction<'_>, plan: &Plan, now: DateTime<Utc>) -> Db
         }
         if new_rules.is_some() {
             tx.execute(
-                "INSERT INTO scope_user_keys (username, keys) VALUES ($1, $2)",
+                "INSERT INTO scope_user_keys (username, keys, since)
+                 VALUES ($1, $2, (SELECT head FROM change_head))",
                 &[&user.username, &new.stored_keys()],
             )
             .await?;

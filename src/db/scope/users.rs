@@ -33,8 +33,11 @@ pub async fn apply(
         db.execute("DELETE FROM scope_user_keys WHERE username = $1", &[&after.username]).await?;
     } else {
         db.execute(
-            "INSERT INTO scope_user_keys (username, keys) VALUES ($1, $2)
-             ON CONFLICT (username) DO UPDATE SET keys = EXCLUDED.keys",
+            "INSERT INTO scope_user_keys (username, keys, since)
+             VALUES ($1, $2, (SELECT head FROM change_head))
+             ON CONFLICT (username) DO UPDATE SET keys = EXCLUDED.keys,
+                 since = CASE WHEN scope_user_keys.keys = EXCLUDED.keys THEN scope_user_keys.since
+                              ELSE EXCLUDED.since END",
             &[&after.username, &new.stored_keys()],
         )
         .await?;

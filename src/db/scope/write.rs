@@ -1,8 +1,8 @@
 //! What a commit writes for scoped sync, in its own transaction, while a set is in force or being
 //! prepared: each written record's keys (and where it left a bucket), the attachments its data
 //! names, and the tombstones addressed to a user whose update of a record outside their set was
-//! refused. Also the one read the commit needs: which of a push's records its pusher may not
-//! touch.
+//! refused; and each upload under the keys of the records that name it. Also the one read the
+//! commit needs: which of a push's records its pusher may not touch.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -120,6 +120,27 @@ pub async fn write(db: &impl GenericClient, written: &WrittenRecords) -> DbResul
         )
         .await?;
     }
+    Ok(())
+}
+
+/// Writes the upload of `attachment_id` at `change_id` under every live key of the records that
+/// name it and under the personal key of each one's author, while a set is in force: the scoped
+/// manifest reads a user's keys' uploads there (`scope::manifest`). Called in the upload's
+/// transaction, under the change-log lock, so the set in force cannot switch in between.
+#[tracing::instrument(name = "db.scope.write.note_upload", level = "debug", skip_all)]
+pub async fn note_upload(db: &impl GenericClient, attachment_id: &str, change_id: i64) -> DbResult<()> {
+    db.execute(
+        "INSERT INTO scope_uploads (key, change_id, attachment_id)
+         SELECT DISTINCT k.key, $2::int8, $1::text FROM (
+             SELECT s.key FROM attachment_refs ar JOIN scope_rows s ON s.record_id = ar.record_id
+              WHERE ar.attachment_id = $1 AND s.live
+             UNION ALL
+             SELECT '@' || r.created_by FROM attachment_refs ar JOIN records r ON r.id = ar.record_id
+              WHERE ar.attachment_id = $1) k
+          WHERE (SELECT active_version FROM scope_state) > 0",
+        &[&attachment_id, &change_id],
+    )
+    .await?;
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! One simulated field device of the capacity scenario: a timer, not a loop as fast as it can.
 //! Every period (jittered) it pushes a batch, then pulls from its own cursor until nothing is
 //! left (its team's form type, everything, or under a scope set what its district's user
-//! receives); every tenth push it also uploads a photo, and every few minutes it checks the
-//! bundle manifest with the ETag of the bundle it has installed.
+//! receives); with `--attachment-manifest` it then asks for the attachments it lacks, as
+//! Formulus does at every sync; every tenth push it also uploads a photo, and every few minutes
+//! it checks the bundle manifest with the ETag of the bundle it has installed.
 
 use super::super::{backoff, check_push, Ctx, PullLoop};
 use super::district::{record_key, Check, District, Names, Seen};
@@ -59,7 +60,9 @@ impl Device {
         let period = Duration::from_secs(a.period_secs);
         // A scoped device is a fresh install: it syncs from cursor 0 and receives its district's
         // history; a team device starts in sync with the head.
-        let mut pull = PullLoop::new(if s.names.is_some() { 0 } else { s.head });
+        let first_cursor = if s.names.is_some() { 0 } else { s.head };
+        let mut pull = PullLoop::new(first_cursor);
+        let mut attachments_since = first_cursor;
         let mut check = Check::new(s.names.as_ref().map_or(0, |n| n.shared_records));
         let mut last_head = 0i64;
         let mut etag = s.etag.clone();
@@ -94,6 +97,9 @@ impl Device {
                     }
                     self.pull_scoped(&s, d, &client_id, &mut pull, &mut check).await;
                 }
+            }
+            if a.attachment_manifest {
+                self.attachment_manifest(&s, &client_id, &mut attachments_since).await;
             }
             pushes += 1;
             if a.photo_every > 0 && pushes.is_multiple_of(a.photo_every) {
@@ -226,6 +232,18 @@ impl Device {
             }
         }
         s.ctx.stats.add("pull_cycles_cut_short", 1);
+    }
+
+    /// The attachment operations since the device's last answer; the answer's version is where
+    /// the next one starts.
+    async fn attachment_manifest(&self, s: &Shared, client_id: &str, since: &mut i64) {
+        match self.api.attachment_manifest(client_id, *since).await {
+            Ok(m) => {
+                s.ctx.stats.add("attachment_operations_listed", m.operations.len() as u64);
+                *since = m.current_version;
+            }
+            Err(f) => backoff(&f).await,
+        }
     }
 
     async fn photo(&self, s: &Shared, rng: &mut impl Rng) {
