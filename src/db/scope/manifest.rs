@@ -62,7 +62,9 @@ pub async fn changes_after(
 }
 
 /// The manifest after `$1` for the user `$3` on the device `$4`; `$2` bounds each source of the
-/// scoped pull's candidates (here, no bound).
+/// scoped pull's candidates and of the keys' uploads (here, no bound: written as a bound, a
+/// source can only be read along its index, whatever the generic plan guessed of the tables'
+/// sizes when it was made).
 ///
 /// The uploads after the cursor that the user may download are their own and those named by a
 /// record they may see. Named by a record whose row reaches them after the cursor, an upload is
@@ -100,7 +102,8 @@ fn manifest_sql() -> String {
              UNION ALL
              SELECT u.attachment_id, u.change_id FROM h, k, unnest(k.keys) AS b(key) CROSS JOIN LATERAL (
                  SELECT u.attachment_id, u.change_id FROM scope_uploads u
-                  WHERE u.key = b.key AND u.change_id > $1 AND u.change_id <= h.head) u
+                  WHERE u.key = b.key AND u.change_id > $1 AND u.change_id <= h.head
+                  ORDER BY u.change_id LIMIT $2) u
               WHERE (SELECT by_keys FROM keyed)
          ), ops AS (
              SELECT id, max(at) AS at, bool_or(named) AS named FROM (
