@@ -832,3 +832,135 @@ async fn an_upload_reaches_the_users_who_hold_a_record_that_names_it() {
     let (ids, _) = downloads_after(&app, &north, north_cursor).await;
     assert_eq!(ids, [east_photo, north_photo, own_photo]);
 }
+
+/// Seeded random uploads, records that name photos (pushed before or after the upload, moved
+/// between districts, pointed at another photo), attribute changes, a set put again in force and
+/// devices that ask for the manifest now and then or start over, under the district rules. After
+/// every manifest a device must hold every attachment its user may download now (none missed, by
+/// either the keys' uploads or the check of every upload), and every `download` it was given
+/// must be one its user may have.
+#[actix_web::test]
+async fn attachment_manifests_miss_no_upload_and_leak_none_under_random_changes() {
+    use rand::{Rng, SeedableRng};
+    use std::collections::{BTreeSet, HashMap};
+
+    const DISTRICTS: [&str; 3] = ["north", "east", "south"];
+    const WORKERS: [&str; 3] = ["w0", "w1", "w2"];
+    struct Rec {
+        created_by: String,
+        form: &'static str,
+        district: &'static str,
+        photo: Option<String>,
+    }
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(20_261_129);
+    let mut attrs: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+    let mut tokens = HashMap::new();
+    for (i, w) in WORKERS.iter().enumerate() {
+        let district = DISTRICTS[i];
+        tokens.insert(*w, create_user(&app, &admin, w, "read-write", json!({"district": [district]})).await);
+        attrs.insert(w, BTreeSet::from([district]));
+    }
+    set_rules(&app, &admin, district_rules()).await;
+    let mut records: HashMap<String, Rec> = HashMap::new();
+    let mut uploaded: HashMap<String, String> = HashMap::new();
+    // Per worker: the manifest cursor and the attachments the device holds.
+    let mut devices: HashMap<&str, (i64, BTreeSet<String>)> =
+        WORKERS.iter().map(|w| (*w, (0, BTreeSet::new()))).collect();
+    let photo_name = |i: u32| format!("p{i}.jpg");
+    let (mut checks, mut fresh_manifests) = (0, 0);
+    for step in 0..260 {
+        let worker = WORKERS[rng.gen_range(0..WORKERS.len())];
+        match rng.gen_range(0..100) {
+            0..=19 => {
+                let photo = photo_name(rng.gen_range(0..30));
+                if uploaded.contains_key(&photo) {
+                    continue;
+                }
+                let (uploader, token) =
+                    if rng.gen_bool(0.5) { ("admin", &admin) } else { (worker, &tokens[worker]) };
+                let (status, body) = app
+                    .put_bytes(token, &format!("/attachments/{photo}"), photo.as_bytes(), Some("image/jpeg"))
+                    .await;
+                assert_eq!(status, StatusCode::OK, "{body}");
+                uploaded.insert(photo, uploader.to_owned());
+            }
+            20..=44 => {
+                // A new record of the worker's, or the admin's (new or changed).
+                let (by, token, id) = if rng.gen_bool(0.5) {
+                    (worker, &tokens[worker], format!("r{step}"))
+                } else {
+                    let id = format!("r{}", rng.gen_range(0..step.max(1)));
+                    let id = if records.contains_key(&id) { id } else { format!("r{step}") };
+                    ("admin", &admin, id)
+                };
+                let created_by = records.get(&id).map_or(by.to_owned(), |r| r.created_by.clone());
+                let form = if rng.gen_range(0..5) == 0 { "facility" } else { "household" };
+                let district = DISTRICTS[rng.gen_range(0..DISTRICTS.len())];
+                let photo = rng.gen_bool(0.8).then(|| photo_name(rng.gen_range(0..30)));
+                let mut data = json!({"district": district});
+                if let Some(p) = &photo {
+                    data["photo"] = json!({"type": "image", "filename": p});
+                }
+                let body = push(&app, token, &format!("{by}-device"), vec![record(&id, form, data)]).await;
+                assert!(body["errors"].as_array().is_none_or(|e| e.is_empty()), "{body}");
+                records.insert(id, Rec { created_by, form, district, photo });
+            }
+            45..=52 => {
+                let mut districts: BTreeSet<&str> =
+                    DISTRICTS.iter().copied().filter(|_| rng.gen_bool(0.5)).collect();
+                if districts.is_empty() {
+                    districts.insert(DISTRICTS[rng.gen_range(0..DISTRICTS.len())]);
+                }
+                set_attributes(&app, &admin, worker, json!({"district": districts})).await;
+                attrs.insert(worker, districts);
+            }
+            53..=54 => {
+                // The same rules again: a new version, every user's keys start anew.
+                set_rules(&app, &admin, district_rules()).await;
+            }
+            55..=57 => {
+                devices.insert(worker, (0, BTreeSet::new()));
+            }
+            _ => {
+                let (cursor, held) = devices.get_mut(worker).unwrap();
+                let (status, manifest) = app
+                    .call(
+                        Method::POST,
+                        "/attachments/manifest",
+                        Some(&tokens[worker]),
+                        Some(json!({"client_id": format!("{worker}-device"), "since_version": *cursor})),
+                    )
+                    .await;
+                assert_eq!(status, StatusCode::OK, "{manifest}");
+                fresh_manifests += usize::from(*cursor == 0);
+                let sees = |r: &Rec| {
+                    r.created_by == worker || r.form == "facility" || attrs[worker].contains(r.district)
+                };
+                let visible: BTreeSet<String> = uploaded
+                    .iter()
+                    .filter(|(id, uploader)| {
+                        *uploader == worker
+                            || records.values().any(|r| r.photo.as_ref() == Some(*id) && sees(r))
+                    })
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for op in manifest["operations"].as_array().unwrap() {
+                    let id = op["attachment_id"].as_str().unwrap().to_owned();
+                    if op["operation"] == "download" {
+                        assert!(visible.contains(&id), "step {step}: {worker} was given {id}: {manifest}");
+                        held.insert(id);
+                    } else {
+                        held.remove(&id);
+                    }
+                }
+                *cursor = manifest["current_version"].as_i64().unwrap();
+                let missed: Vec<&String> = visible.difference(held).collect();
+                assert!(missed.is_empty(), "step {step}: {worker}'s device lacks {missed:?}: {manifest}");
+                checks += 1;
+            }
+        }
+    }
+    assert!(checks > 80 && fresh_manifests > 3, "{checks} checks, {fresh_manifests} from 0");
+}
