@@ -834,11 +834,11 @@ async fn an_upload_reaches_the_users_who_hold_a_record_that_names_it() {
 }
 
 /// Seeded random uploads, records that name photos (pushed before or after the upload, moved
-/// between districts, pointed at another photo), attribute changes, a set put again in force and
-/// devices that ask for the manifest now and then or start over, under the district rules. After
-/// every manifest a device must hold every attachment its user may download now (none missed, by
-/// either the keys' uploads or the check of every upload), and every `download` it was given
-/// must be one its user may have.
+/// between districts, pointed at another photo or none), attribute changes, a set put again in
+/// force and devices that ask for the manifest now and then or start over, under the district
+/// rules. After every manifest a device must hold exactly the attachments its user may download
+/// now: none missed (by either the keys' uploads or the check of every upload), none kept that
+/// left its user's set (a `delete` for each), and every `download` one its user may have.
 #[actix_web::test]
 async fn attachment_manifests_miss_no_upload_and_leak_none_under_random_changes() {
     use rand::{Rng, SeedableRng};
@@ -870,11 +870,11 @@ async fn attachment_manifests_miss_no_upload_and_leak_none_under_random_changes(
         WORKERS.iter().map(|w| (*w, (0, BTreeSet::new()))).collect();
     let photo_name = |i: u32| format!("p{i}.jpg");
     let (mut checks, mut fresh_manifests) = (0, 0);
-    for step in 0..260 {
+    for step in 0..500 {
         let worker = WORKERS[rng.gen_range(0..WORKERS.len())];
         match rng.gen_range(0..100) {
             0..=19 => {
-                let photo = photo_name(rng.gen_range(0..30));
+                let photo = photo_name(rng.gen_range(0..60));
                 if uploaded.contains_key(&photo) {
                     continue;
                 }
@@ -898,7 +898,7 @@ async fn attachment_manifests_miss_no_upload_and_leak_none_under_random_changes(
                 let created_by = records.get(&id).map_or(by.to_owned(), |r| r.created_by.clone());
                 let form = if rng.gen_range(0..5) == 0 { "facility" } else { "household" };
                 let district = DISTRICTS[rng.gen_range(0..DISTRICTS.len())];
-                let photo = rng.gen_bool(0.8).then(|| photo_name(rng.gen_range(0..30)));
+                let photo = rng.gen_bool(0.8).then(|| photo_name(rng.gen_range(0..60)));
                 let mut data = json!({"district": district});
                 if let Some(p) = &photo {
                     data["photo"] = json!({"type": "image", "filename": p});
@@ -958,6 +958,8 @@ async fn attachment_manifests_miss_no_upload_and_leak_none_under_random_changes(
                 *cursor = manifest["current_version"].as_i64().unwrap();
                 let missed: Vec<&String> = visible.difference(held).collect();
                 assert!(missed.is_empty(), "step {step}: {worker}'s device lacks {missed:?}: {manifest}");
+                let kept: Vec<&String> = held.difference(&visible).collect();
+                assert!(kept.is_empty(), "step {step}: {worker}'s device still holds {kept:?}: {manifest}");
                 checks += 1;
             }
         }

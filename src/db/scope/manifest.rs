@@ -2,9 +2,10 @@
 //! download, with the guarantees of their records. An attachment is the user's to download when
 //! they uploaded it or a record they may see names it; it changes for them when it is uploaded,
 //! and whenever a record naming it reaches them (a row of the scoped pull). So the manifest after
-//! a cursor is: the attachments named by the records the user's pull would deliver after it, and
-//! the attachments uploaded after it; each listed as `download` when the user may have it now,
-//! else, if a delivered record named it (the device may hold it), as `delete`.
+//! a cursor is: the attachments named by the records the user's pull would deliver after it (or
+//! dropped by them after it), and the attachments uploaded after it; each listed as `download`
+//! when the user may have it now, else, if a delivered record named it (the device may hold it),
+//! as `delete`.
 
 use std::sync::LazyLock;
 
@@ -88,7 +89,8 @@ fn manifest_sql() -> String {
         "WITH {user_rows}{candidates}
          ), named AS (
              SELECT ar.attachment_id AS id, max(c.at) AS at FROM cand c CROSS JOIN LATERAL (
-                 SELECT ar.attachment_id FROM attachment_refs ar WHERE ar.record_id = c.record_id OFFSET 0) ar
+                 SELECT ar.attachment_id FROM attachment_refs ar
+                  WHERE ar.record_id = c.record_id AND (ar.left_at IS NULL OR ar.left_at > $1) OFFSET 0) ar
               GROUP BY ar.attachment_id
          ), keyed AS (
              SELECT $1 > 0 AND coalesce((SELECT since <= $1 FROM scope_user_keys WHERE username = $3), false) AS by_keys

@@ -76,7 +76,7 @@ pub fn attachment_visible_sql(attachment: &str, user: &str) -> String {
     format!(
         "({sees_all} OR {attachment}.uploaded_by = {user} OR EXISTS (
              SELECT 1 FROM attachment_refs ar JOIN records r ON r.id = ar.record_id
-              WHERE ar.attachment_id = {attachment}.id AND {visible}))",
+              WHERE ar.attachment_id = {attachment}.id AND ar.left_at IS NULL AND {visible}))",
         sees_all = sees_all_sql(user),
         visible = visible_sql("r", user)
     )

@@ -110,12 +110,21 @@ pub async fn write(db: &impl GenericClient, written: &WrittenRecords) -> DbResul
             &[&ids, &changes],
         )
         .await?;
-        db.execute("DELETE FROM attachment_refs WHERE record_id = ANY($1)", &[&ids]).await?;
+        // Every reference is marked dropped at the record's change, then the ones it still holds
+        // are named again below: the dropped ones keep the change at which the record let go.
+        db.execute(
+            "UPDATE attachment_refs ar SET left_at = u.change_id
+               FROM unnest($1::text[], $2::int8[]) AS u(id, change_id)
+              WHERE ar.record_id = u.id AND ar.left_at IS NULL",
+            &[&ids, &changes],
+        )
+        .await?;
     }
     if !refs.is_empty() {
         db.execute(
             "INSERT INTO attachment_refs (attachment_id, record_id)
-             SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING",
+             SELECT * FROM unnest($1::text[], $2::text[])
+             ON CONFLICT (attachment_id, record_id) DO UPDATE SET left_at = NULL",
             &[&refs, &ref_records],
         )
         .await?;
@@ -133,10 +142,10 @@ pub async fn note_upload(db: &impl GenericClient, attachment_id: &str, change_id
         "INSERT INTO scope_uploads (key, change_id, attachment_id)
          SELECT DISTINCT k.key, $2::int8, $1::text FROM (
              SELECT s.key FROM attachment_refs ar JOIN scope_rows s ON s.record_id = ar.record_id
-              WHERE ar.attachment_id = $1 AND s.live
+              WHERE ar.attachment_id = $1 AND ar.left_at IS NULL AND s.live
              UNION ALL
              SELECT '@' || r.created_by FROM attachment_refs ar JOIN records r ON r.id = ar.record_id
-              WHERE ar.attachment_id = $1) k
+              WHERE ar.attachment_id = $1 AND ar.left_at IS NULL) k
           WHERE (SELECT active_version FROM scope_state) > 0",
         &[&attachment_id, &change_id],
     )
