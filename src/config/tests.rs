@@ -156,9 +156,9 @@ fn numbers_and_ranges() {
         refused(&[("DB_POOL_SIZE", v)], "DB_POOL_SIZE");
     }
     // Sync reads' share, rounded up; the two pools together hold DB_POOL_SIZE.
-    for (size, pulls, others) in [("2", 1, 1), ("5", 3, 2), ("16", 8, 8)] {
+    for (size, sync, others) in [("2", 1, 1), ("5", 3, 2), ("16", 8, 8)] {
         let shares = load(&[("DB_POOL_SIZE", size)]).expect("pool size").request_connections();
-        assert_eq!(shares, super::RequestConnections { sync: pulls, others }, "DB_POOL_SIZE={size}");
+        assert_eq!(shares, super::RequestConnections { sync, others }, "DB_POOL_SIZE={size}");
     }
     assert_eq!(load(&[]).expect("defaults").request_body_timeout, Duration::from_secs(30));
     for v in ["0", "-1", "x"] {

@@ -105,6 +105,20 @@ fn district_rules() -> Value {
     ])
 }
 
+/// `POST /attachments/manifest` (the shape Formulus sends) from `cursor` for `client`'s device.
+async fn attachment_manifest(app: &TestApp, token: &str, client: &str, cursor: i64) -> Value {
+    let (status, manifest) = app
+        .call(
+            Method::POST,
+            "/attachments/manifest",
+            Some(token),
+            Some(json!({"client_id": client, "since_version": cursor})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{manifest}");
+    manifest
+}
+
 #[actix_web::test]
 async fn a_worker_receives_their_districts_drops_the_rest_and_gains_a_new_district() {
     let app = TestApp::spawn().await;
@@ -299,14 +313,7 @@ async fn every_other_reader_holds_the_visible_set() {
     let (status, _) = app.call(Method::GET, "/stats/observations", Some(&worker), None).await;
     assert_eq!(status, StatusCode::OK, "no set: statistics for everyone");
     // Before any set the worker's manifest lists both photos.
-    let (_, manifest) = app
-        .call(
-            Method::POST,
-            "/attachments/manifest",
-            Some(&worker),
-            Some(json!({"client_id": "phone", "since_version": 0})),
-        )
-        .await;
+    let manifest = attachment_manifest(&app, &worker, "phone", 0).await;
     assert_eq!(manifest["operation_count"], json!({"delete": 0, "download": 2}), "{manifest}");
     let cursor = manifest["current_version"].as_i64().unwrap();
 
@@ -339,14 +346,7 @@ async fn every_other_reader_holds_the_visible_set() {
     let (status, _, _) = app.get_bytes(&worker, "/attachments/other%20photo.jpg").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     // The manifest after the old cursor takes the east photo back; from 0 it lists the north one.
-    let (_, manifest) = app
-        .call(
-            Method::POST,
-            "/attachments/manifest",
-            Some(&worker),
-            Some(json!({"client_id": "phone", "since_version": cursor})),
-        )
-        .await;
+    let manifest = attachment_manifest(&app, &worker, "phone", cursor).await;
     let ops: Vec<(String, String)> = manifest["operations"]
         .as_array()
         .unwrap()
@@ -747,15 +747,7 @@ async fn a_user_no_longer_scoped_gets_every_record_on_the_scoped_statement() {
 
 /// The ids a manifest lists for download, sorted.
 async fn downloads_after(app: &TestApp, token: &str, cursor: i64) -> (Vec<String>, i64) {
-    let (status, manifest) = app
-        .call(
-            Method::POST,
-            "/attachments/manifest",
-            Some(token),
-            Some(json!({"client_id": "phone", "since_version": cursor})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{manifest}");
+    let manifest = attachment_manifest(app, token, "phone", cursor).await;
     let mut ids: Vec<String> = manifest["operations"]
         .as_array()
         .unwrap()
@@ -925,15 +917,8 @@ async fn attachment_manifests_miss_no_upload_and_leak_none_under_random_changes(
             }
             _ => {
                 let (cursor, held) = devices.get_mut(worker).unwrap();
-                let (status, manifest) = app
-                    .call(
-                        Method::POST,
-                        "/attachments/manifest",
-                        Some(&tokens[worker]),
-                        Some(json!({"client_id": format!("{worker}-device"), "since_version": *cursor})),
-                    )
-                    .await;
-                assert_eq!(status, StatusCode::OK, "{manifest}");
+                let manifest =
+                    attachment_manifest(&app, &tokens[worker], &format!("{worker}-device"), *cursor).await;
                 fresh_manifests += usize::from(*cursor == 0);
                 let sees = |r: &Rec| {
                     r.created_by == worker || r.form == "facility" || attrs[worker].contains(r.district)
