@@ -55,14 +55,23 @@ fn dialect_label(dialect: Dialect) -> &'static str {
     }
 }
 
-/// A push answered with 200: a replay stores nothing, so it counts as a replay only.
-pub fn push_answered(dialect: Dialect, records: usize, replayed: bool) {
+/// A push answered with 200: a replay stores nothing, so it counts as a replay only. `refused`:
+/// its records refused as `OUT_OF_SCOPE` (docs/api.md §20.4), which a device keeps sending
+/// when the set takes from its user records it was editing.
+pub fn push_answered(dialect: Dialect, (records, refused): (usize, usize), replayed: bool) {
     if replayed {
         counter!("synkronus_sync_push_replays_total").increment(1);
     } else {
         counter!("synkronus_sync_pushed_records_total", "dialect" => dialect_label(dialect))
             .increment(records as u64);
+        counter!("synkronus_sync_out_of_scope_records_total").increment(refused as u64);
     }
+}
+
+/// A pull page started, read `scoped` (docs/api.md §20.3) or as every change.
+pub fn pull_page_read(scoped: bool) {
+    counter!("synkronus_sync_pull_pages_total", "read" => if scoped { "scoped" } else { "unscoped" })
+        .increment(1);
 }
 
 pub fn records_pulled(dialect: Dialect, records: usize) {
@@ -117,6 +126,16 @@ pub fn replica_state(replica: &str, in_rotation: bool, lag_seconds: Option<f64>)
     }
 }
 
+/// The scope set in force (0: none) and, while one is being prepared, its version and how many
+/// records its scan has read of how many (all 0 when none is), read at scrape time.
+pub fn scope_sets(active_version: i64, preparing: Option<(i64, i64, i64)>) {
+    let (version, scanned, to_scan) = preparing.unwrap_or_default();
+    gauge!("synkronus_scope_set_version", "state" => "active").set(active_version as f64);
+    gauge!("synkronus_scope_set_version", "state" => "preparing").set(version as f64);
+    gauge!("synkronus_scope_preparation_records", "progress" => "scanned").set(scanned as f64);
+    gauge!("synkronus_scope_preparation_records", "progress" => "to_scan").set(to_scan as f64);
+}
+
 /// A request refused with 503 because `MAX_INFLIGHT_BODY_BYTES` stayed in use for its whole wait.
 pub fn body_budget_refused() {
     counter!("synkronus_body_budget_refused_total").increment(1);
@@ -153,6 +172,10 @@ fn describe_defaults() {
             counter!("synkronus_rate_limited_total", "limit" => limit).increment(0);
         }
         counter!("synkronus_sync_push_replays_total").increment(0);
+        counter!("synkronus_sync_out_of_scope_records_total").increment(0);
+        for read in ["scoped", "unscoped"] {
+            counter!("synkronus_sync_pull_pages_total", "read" => read).increment(0);
+        }
         for target in ["primary", "replica"] {
             counter!("synkronus_db_reads_total", "target" => target).increment(0);
         }

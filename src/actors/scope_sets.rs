@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::clock::Clock;
-use crate::db::scope::prepare::{self, Plan, PREPARATION_LOCK};
+use crate::db::scope::prepare::{self, ChunkWrite, Plan, PREPARATION_LOCK};
 use crate::db::scope::{self, NewVersion};
 use crate::db::{audit, DbError};
 use crate::domain::audit::{Action, Origin};
@@ -24,6 +24,10 @@ use crate::error::{ApiError, ApiResult};
 
 /// How often a node looks for a version to prepare or leftovers to remove, besides being woken.
 const POLL: Duration = Duration::from_secs(2);
+/// How long the scan first waits before reading again from a record an unfinished commit holds (a
+/// group commit takes milliseconds), and at most.
+const HELD_RECORD_RETRY: Duration = Duration::from_millis(5);
+const HELD_RECORD_RETRY_MAX: Duration = Duration::from_secs(1);
 /// Catch-up rounds stop and the switch takes the rest (under the change-log lock) once a round
 /// finds fewer changed records than this.
 const SWITCH_BELOW: i64 = 1_000;
@@ -174,16 +178,33 @@ impl Preparer {
         prepare::begin(&*db, version).await?;
         tracing::info!(version, "preparing the scope set");
         let mut statistics = prepare::Statistics::default();
+        let mut held_wait = HELD_RECORD_RETRY;
         while let Some(batch) = prepare::read_batch(&*db, &plan).await? {
             statistics.refresh_after(&*db, batch.records_read()).await?;
             for (after, chunk) in batch.chunks() {
                 let tx = db.transaction().await.map_err(DbError::from)?;
-                let written = prepare::write_chunk(&tx, &plan, chunk, after).await?;
-                tx.commit().await.map_err(DbError::from)?;
-                if !written {
-                    break;
+                match prepare::write_chunk(&tx, &plan, chunk, after).await? {
+                    ChunkWrite::Written(n) => {
+                        tx.commit().await.map_err(DbError::from)?;
+                        held_wait = HELD_RECORD_RETRY;
+                        if n < chunk.len() {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    ChunkWrite::Held => {
+                        tx.rollback().await.map_err(DbError::from)?;
+                        // Read again once the commit holding the record has finished, waiting
+                        // longer each time it has not (a lock held for long is no commit).
+                        tokio::time::sleep(held_wait).await;
+                        held_wait = (held_wait * 2).min(HELD_RECORD_RETRY_MAX);
+                        break;
+                    }
+                    ChunkWrite::Moved => {
+                        tx.rollback().await.map_err(DbError::from)?;
+                        break;
+                    }
                 }
-                tokio::task::yield_now().await;
             }
         }
         loop {

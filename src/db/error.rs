@@ -43,6 +43,13 @@ impl DbError {
     pub fn other(cause: impl Into<BoxError>) -> Self {
         DbError::Other(cause.into())
     }
+
+    /// A lock was waited for longer than the transaction's `lock_timeout` (SQLSTATE 55P03).
+    pub fn is_lock_timeout(&self) -> bool {
+        let DbError::Other(cause) = self else { return false };
+        let code = cause.downcast_ref::<tokio_postgres::Error>().and_then(tokio_postgres::Error::code);
+        code == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
+    }
 }
 
 impl From<tokio_postgres::Error> for DbError {

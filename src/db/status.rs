@@ -45,13 +45,45 @@ pub async fn server_version(db: &impl GenericClient) -> DbResult<(String, String
     Ok((row.get(0), row.get(1)))
 }
 
-/// The change head and the active bundle version, shared by every process on this database.
-#[tracing::instrument(name = "db.status.head_and_active_bundle", level = "debug", skip_all)]
-pub async fn head_and_active_bundle(db: &impl GenericClient) -> DbResult<(i64, Option<String>)> {
+/// What `/metrics` reads from the database when scraped: values shared by every process on it, so
+/// right whichever process changed them last.
+pub struct ScrapeValues {
+    pub head: i64,
+    pub active_bundle: Option<String>,
+    /// The scope set in force (0: none).
+    pub scope_active_version: i64,
+    pub scope_preparing: Option<ScopePreparation>,
+}
+
+/// The version of the scope set being prepared and how far its scan has come (docs/api.md §20.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopePreparation {
+    pub version: i64,
+    pub scanned: i64,
+    pub to_scan: i64,
+}
+
+#[tracing::instrument(name = "db.status.scrape_values", level = "debug", skip_all)]
+pub async fn scrape_values(db: &impl GenericClient) -> DbResult<ScrapeValues> {
     let row = db
-        .query_one("SELECT (SELECT head FROM change_head), (SELECT version FROM bundle_active)", &[])
+        .query_one(
+            "SELECT (SELECT head FROM change_head), (SELECT version FROM bundle_active),
+                    s.active_version, s.preparing_version, p.scanned, p.to_scan
+               FROM scope_state s LEFT JOIN scope_sets p ON p.version = s.preparing_version",
+            &[],
+        )
         .await?;
-    Ok((row.get(0), row.get(1)))
+    let preparing: Option<i64> = row.get(3);
+    Ok(ScrapeValues {
+        head: row.get(0),
+        active_bundle: row.get(1),
+        scope_active_version: row.get(2),
+        scope_preparing: preparing.map(|version| ScopePreparation {
+            version,
+            scanned: row.get::<_, Option<i64>>(4).unwrap_or(0),
+            to_scan: row.get::<_, Option<i64>>(5).unwrap_or(0),
+        }),
+    })
 }
 
 /// Where a hot standby's replay stands.

@@ -64,18 +64,20 @@ pub async fn exposition(req: HttpRequest) -> ApiResult<HttpResponse> {
     Ok(HttpResponse::Ok().insert_header((header::CONTENT_TYPE, "text/plain; version=0.0.4")).body(text))
 }
 
-/// Values read at scrape time: pool state, the body budget in use, and the head and active bundle
-/// from the database (shared by every process, so they are right whichever process committed
-/// last). A database that does not answer within 2 s leaves the last values in place rather than
-/// failing the scrape.
+/// Values read at scrape time: pool state, the body budget in use, and the head, the active bundle
+/// and the scope sets from the database (shared by every process, so they are right whichever
+/// process changed them last). A database that does not answer within 2 s leaves the last values
+/// in place rather than failing the scrape.
 async fn sample(st: &AppState) {
     let status = st.pool.status();
     monitoring::db_pool_connections(status.available, status.size.saturating_sub(status.available));
     monitoring::body_budget_in_use(st.body_budget.in_use_bytes());
-    let probe = async { crate::db::status::head_and_active_bundle(&st.pool.get().await.ok()?).await.ok() };
-    if let Ok(Some((head, active))) = tokio::time::timeout(Duration::from_secs(2), probe).await {
-        monitoring::changelog_head(head);
-        monitoring::set_active_bundle(active);
+    let probe = async { crate::db::status::scrape_values(&st.pool.get().await.ok()?).await.ok() };
+    if let Ok(Some(values)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
+        monitoring::changelog_head(values.head);
+        monitoring::set_active_bundle(values.active_bundle);
+        let preparing = values.scope_preparing.map(|p| (p.version, p.scanned, p.to_scan));
+        monitoring::scope_sets(values.scope_active_version, preparing);
     }
 }
 

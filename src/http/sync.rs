@@ -74,7 +74,8 @@ pub async fn push(req: HttpRequest, Auth(caller): Auth, body: BodyBytes) -> ApiR
         .await?;
     drop(permit);
     report_sync(&req, st, &caller.username, &client_id, Some(outcome.result.head));
-    crate::monitoring::push_answered(dialect, outcome.result.items.len(), outcome.replayed);
+    let counts = (outcome.result.items.len(), outcome.result.refused.len());
+    crate::monitoring::push_answered(dialect, counts, outcome.replayed);
     let result = &outcome.result;
     let body = encode::push_response(dialect, result).map_err(ApiError::internal)?;
     let mut res = dialect_response(dialect, body, result.repository_generation);
@@ -162,6 +163,7 @@ async fn pull_page(
         })
         .await?;
     st.scoped_readers.learn(username, served.value.read_scoped);
+    crate::monitoring::pull_page_read(served.value.read_scoped);
     let generation = served.value.head.repository_generation;
     if client_generation.is_some_and(|g| g != generation) {
         return Err(ApiError::reset_required(generation));

@@ -3,9 +3,12 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use synkronus::config::Config;
+use synkronus::db::scope::prepare::{self, ChunkWrite, Plan, PREPARATION_LOCK};
+use synkronus::db::scope::{self as scope_db};
 use synkronus::startup::Application;
 
-use crate::helpers::{assert_error, small_bundle, test_env, TestApp};
+use crate::helpers::{assert_error, connect, small_bundle, test_env, TestApp};
+use crate::scopes::{create_user, push, record, wait_in_force, Device};
 
 /// The value of the first sample of `name` whose labels include every `labels` pair (0 if none).
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -118,6 +121,96 @@ async fn metrics_need_admin_and_move_with_requests() {
     }
     assert!(shown, "synkronus_bundle_active_info{{version=\"{version}\"}} 1 never appeared");
     assert!(sample(&after, "synkronus_db_pool_connections", &[("state", "idle")]) >= 0.0);
+}
+
+/// Scrapes until `check` holds (other tests' servers share the recorder and may set the gauges
+/// read at scrape time in between); the last scrape if it never does.
+async fn scrape_until(app: &TestApp, token: &str, check: impl Fn(&str) -> bool) -> (bool, String) {
+    let mut text = String::new();
+    for _ in 0..20 {
+        text = scrape(app, token).await;
+        if check(&text) {
+            return (true, text);
+        }
+    }
+    (false, text)
+}
+
+/// What an operator of a scoped deployment watches (docs/api.md §14, §20): the set in force, the
+/// one being prepared and its scan's progress, the pages read scoped, the records refused.
+#[actix_web::test]
+async fn scope_metrics_show_the_sets_the_preparation_scoped_pages_and_refusals() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let north = create_user(&app, &admin, "north", "read-write", json!({"district": ["north"]})).await;
+    let households: Vec<Value> = (0..5)
+        .map(|i| {
+            record(&format!("h{i}"), "household", json!({"district": if i == 0 { "east" } else { "north" }}))
+        })
+        .collect();
+    push(&app, &admin, "admin-device", households).await;
+
+    // Staged as in tests/api/scope_prepare.rs: the server's preparer waits while the test holds the
+    // preparation lock, and the test scans the first chunk itself.
+    let holder = connect(&app.db_conn).await;
+    holder.execute("SELECT pg_advisory_lock($1)", &[&PREPARATION_LOCK]).await.expect("preparation lock");
+    let rules = json!([{"name": "districts", "applies_to": {"roles": ["read-write"]},
+                        "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}}]);
+    let (status, body) =
+        app.call(Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": rules}))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let version = body["version"].as_i64().expect("version");
+    let mut db = app.state.pool.get().await.expect("connection");
+    let set = scope_db::set_version(&db, version).await.expect("set").expect("stored");
+    let plan = Plan::new(&set, None).expect("plan");
+    prepare::begin(&db, version).await.expect("begin");
+    let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("records to scan");
+    let (after, chunk) = batch.chunks().next().expect("a chunk");
+    let tx = db.transaction().await.expect("transaction");
+    assert_eq!(
+        prepare::write_chunk(&tx, &plan, &chunk[..2], after).await.expect("write"),
+        ChunkWrite::Written(2)
+    );
+    tx.commit().await.expect("commit");
+
+    let v = version as f64;
+    let (shown, text) = scrape_until(&app, &admin, |text| {
+        sample(text, "synkronus_scope_set_version", &[("state", "preparing")]) == v
+            && sample(text, "synkronus_scope_set_version", &[("state", "active")]) == 0.0
+            && sample(text, "synkronus_scope_preparation_records", &[("progress", "scanned")]) == 2.0
+            && sample(text, "synkronus_scope_preparation_records", &[("progress", "to_scan")]) == 5.0
+    })
+    .await;
+    assert!(shown, "version {version} preparing, 2 of 5 records scanned:\n{text}");
+
+    holder.execute("SELECT pg_advisory_unlock($1)", &[&PREPARATION_LOCK]).await.expect("unlock");
+    wait_in_force(&app, &admin, version).await;
+    let (shown, text) = scrape_until(&app, &admin, |text| {
+        sample(text, "synkronus_scope_set_version", &[("state", "active")]) == v
+            && sample(text, "synkronus_scope_set_version", &[("state", "preparing")]) == 0.0
+            && sample(text, "synkronus_scope_preparation_records", &[("progress", "to_scan")]) == 0.0
+    })
+    .await;
+    assert!(shown, "version {version} in force, nothing preparing:\n{text}");
+
+    // Counters move by at least this test's share (other tests run in this process).
+    let before = scrape(&app, &admin).await;
+    let mut phone = Device::new("north-phone");
+    phone.sync(&app, &north, 2).await;
+    assert_eq!(phone.ids(), ["h1", "h2", "h3", "h4"]);
+    let body = json!({"transmission_id": "t-north", "client_id": "north-phone", "records": [
+        record("h0", "household", json!({"district": "north"})),
+        record("h1", "household", json!({"district": "north", "visited": true})),
+    ]});
+    let (status, answer) = app.push(&north, body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["failed_records"][0]["error"], "OUT_OF_SCOPE", "{answer}");
+    let after = scrape(&app, &admin).await;
+    let moved =
+        |name: &str, labels: &[(&str, &str)]| sample(&after, name, labels) - sample(&before, name, labels);
+    assert!(moved("synkronus_sync_pull_pages_total", &[("read", "scoped")]) >= 2.0, "{after}");
+    assert!(moved("synkronus_sync_out_of_scope_records_total", &[]) >= 1.0, "{after}");
+    assert!(has_series(&after, "synkronus_sync_pull_pages_total"));
 }
 
 #[actix_web::test]

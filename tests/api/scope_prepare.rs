@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use synkronus::db::scope::prepare::{self, Plan, BATCH, PREPARATION_LOCK};
+use synkronus::db::scope::prepare::{self, ChunkWrite, Plan, BATCH, PREPARATION_LOCK};
 use synkronus::db::scope::{self as scope_db};
 
 use crate::helpers::{connect, TestApp};
@@ -51,7 +51,10 @@ async fn a_record_moved_between_the_scans_read_and_write_keeps_the_keys_of_its_c
 
     for (after, chunk) in batch.chunks() {
         let tx = db.transaction().await.expect("transaction");
-        assert!(prepare::write_chunk(&tx, &plan, chunk, after).await.expect("write"));
+        assert_eq!(
+            prepare::write_chunk(&tx, &plan, chunk, after).await.expect("write"),
+            ChunkWrite::Written(chunk.len())
+        );
         tx.commit().await.expect("commit");
     }
     let rows = holder
@@ -68,6 +71,155 @@ async fn a_record_moved_between_the_scans_read_and_write_keeps_the_keys_of_its_c
     let mut phone = Device::new("phone");
     phone.sync(&app, &north, 2).await;
     assert_eq!(phone.ids(), ["stays"]);
+}
+
+/// A record an unfinished commit holds is neither waited for nor skipped: the chunk's write stops
+/// before it (the scan's position too), and the next read starts from it once the commit is done.
+#[actix_web::test]
+async fn the_scan_stops_before_a_record_an_unfinished_commit_holds_and_resumes_from_it() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let north = create_user(&app, &admin, "north-worker", "read-write", json!({"district": ["north"]})).await;
+    let records = ["a", "b", "c", "d"].iter().map(|id| record(id, "household", json!({"district": "north"})));
+    push(&app, &admin, "admin-device", records.collect()).await;
+
+    let holder = connect(&app.db_conn).await;
+    holder.execute("SELECT pg_advisory_lock($1)", &[&PREPARATION_LOCK]).await.expect("preparation lock");
+    let rules = json!([{"name": "districts", "applies_to": {"roles": ["read-write"]},
+                        "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}}]);
+    let (status, body) =
+        app.call(reqwest::Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": rules}))).await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{body}");
+    let version = body["version"].as_i64().expect("version");
+    let mut db = app.state.pool.get().await.expect("connection");
+    let set = scope_db::set_version(&db, version).await.expect("set").expect("stored");
+    let plan = Plan::new(&set, None).expect("plan");
+    prepare::begin(&db, version).await.expect("begin");
+
+    // A commit that has updated `c` and not finished holds its row (as a group commit does).
+    let mut commit = connect(&app.db_conn).await;
+    let open = commit.transaction().await.expect("transaction");
+    open.execute("UPDATE records SET synced_at = synced_at WHERE id = 'c'", &[]).await.expect("hold c");
+
+    let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("records to scan");
+    let (after, chunk) = batch.chunks().next().expect("a chunk");
+    let tx = db.transaction().await.expect("transaction");
+    let written =
+        tokio::time::timeout(Duration::from_secs(10), prepare::write_chunk(&tx, &plan, chunk, after))
+            .await
+            .expect("the write does not wait for the commit")
+            .expect("write");
+    assert_eq!(written, ChunkWrite::Written(2), "a and b, then stopped before c");
+    tx.commit().await.expect("commit");
+    let keyed = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get(0)).collect::<Vec<String>>();
+    let sql = "SELECT DISTINCT record_id FROM scope_rows ORDER BY 1";
+    assert_eq!(keyed(holder.query(sql, &[]).await.expect("rows")), ["a", "b"]);
+    let set = scope_db::set_version(&db, version).await.expect("set").expect("stored");
+    assert_eq!((set.scan_after.as_deref(), set.scanned), (Some("b"), 2));
+
+    // Still held: nothing written, the position stays.
+    let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("c and d");
+    let (after, chunk) = batch.chunks().next().expect("a chunk");
+    let tx = db.transaction().await.expect("transaction");
+    assert_eq!(prepare::write_chunk(&tx, &plan, chunk, after).await.expect("write"), ChunkWrite::Held);
+    tx.rollback().await.expect("rollback");
+
+    // Finished (rolled back here: a change would have written its own keys), c is scanned.
+    open.rollback().await.expect("rollback");
+    let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("c and d");
+    let (after, chunk) = batch.chunks().next().expect("a chunk");
+    let tx = db.transaction().await.expect("transaction");
+    assert_eq!(prepare::write_chunk(&tx, &plan, chunk, after).await.expect("write"), ChunkWrite::Written(2));
+    tx.commit().await.expect("commit");
+    assert_eq!(keyed(holder.query(sql, &[]).await.expect("rows")), ["a", "b", "c", "d"]);
+
+    holder.execute("SELECT pg_advisory_unlock($1)", &[&PREPARATION_LOCK]).await.expect("unlock");
+    wait_in_force(&app, &admin, version).await;
+    let mut phone = Device::new("phone");
+    phone.sync(&app, &north, 3).await;
+    assert_eq!(phone.ids(), ["a", "b", "c", "d"]);
+}
+
+/// A commit writes the key rows of the records it updates before it updates them. One that does
+/// so while a chunk writes the same record's keys waits for the chunk's lock on the record as the
+/// chunk waits for its key rows: the chunk gives way (rolls back, to be read again), long before
+/// PostgreSQL's deadlock check would pick one of the two, and the commit goes through.
+#[actix_web::test]
+async fn a_chunk_gives_way_to_a_commit_that_waits_for_it_while_it_waits_for_that_commit() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin_token().await;
+    let records = ["a", "b"].iter().map(|id| record(id, "household", json!({"district": "north"})));
+    push(&app, &admin, "admin-device", records.collect()).await;
+
+    let holder = connect(&app.db_conn).await;
+    holder.execute("SELECT pg_advisory_lock($1)", &[&PREPARATION_LOCK]).await.expect("preparation lock");
+    let rules = json!([{"name": "districts", "applies_to": {"roles": ["read-write"]},
+                        "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}}]);
+    let (status, body) =
+        app.call(reqwest::Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": rules}))).await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{body}");
+    let version = body["version"].as_i64().expect("version");
+    let mut db = app.state.pool.get().await.expect("connection");
+    let set = scope_db::set_version(&db, version).await.expect("set").expect("stored");
+    let plan = Plan::new(&set, None).expect("plan");
+    prepare::begin(&db, version).await.expect("begin");
+    let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("records to scan");
+    let (after, chunk) = batch.chunks().next().expect("a chunk");
+    let key = plan.backfill.record_keys("household", r#"{"district":"north"}"#).expect("keys");
+    let key = key.first().expect("a district key").clone();
+
+    // The commit's first step: b's key row, not committed.
+    let mut commit = connect(&app.db_conn).await;
+    let open = commit.transaction().await.expect("transaction");
+    open.execute(
+        "INSERT INTO scope_rows (key, record_id, change_id, live)
+         SELECT $1, id, change_id + 1000, true FROM records WHERE id = 'b'",
+        &[&key],
+    )
+    .await
+    .expect("b's key row");
+    let chunk_pid: i32 = db.query_one("SELECT pg_backend_pid()", &[]).await.expect("pid").get(0);
+    let tx = db.transaction().await.expect("transaction");
+    let write = async {
+        let written = prepare::write_chunk(&tx, &plan, chunk, after).await.expect("write");
+        tx.rollback().await.expect("rollback");
+        written
+    };
+    // Its second step, once the chunk waits for the key row: b itself, which the chunk holds.
+    let update = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let waiting: bool = holder
+                .query_one(
+                    "SELECT coalesce((SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1), false)",
+                    &[&chunk_pid],
+                )
+                .await
+                .expect("activity")
+                .get(0);
+            if waiting || tokio::time::Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        open.execute("UPDATE records SET synced_at = synced_at WHERE id = 'b'", &[]).await
+    };
+    let (written, updated) =
+        tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(write, update) })
+            .await
+            .expect("neither waits for ever");
+    assert_eq!(written, ChunkWrite::Held, "the chunk gives way");
+    assert_eq!(updated.expect("the commit is not the one rolled back"), 1);
+    open.rollback().await.expect("rollback");
+
+    // Read again, the chunk goes through; so does the preparation.
+    let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("a and b");
+    let (after, chunk) = batch.chunks().next().expect("a chunk");
+    let tx = db.transaction().await.expect("transaction");
+    assert_eq!(prepare::write_chunk(&tx, &plan, chunk, after).await.expect("write"), ChunkWrite::Written(2));
+    tx.commit().await.expect("commit");
+    holder.execute("SELECT pg_advisory_unlock($1)", &[&PREPARATION_LOCK]).await.expect("unlock");
+    wait_in_force(&app, &admin, version).await;
 }
 
 /// A preparation of several batches: the tables it fills are analyzed as the scan grows (after

@@ -23,7 +23,7 @@ pub const PREPARATION_LOCK: i64 = 0x5359_4e4b_0030;
 /// batch's time).
 pub const BATCH: i64 = 1_000;
 
-/// Records written per transaction under the change-log lock: a commit waits for at most one
+/// Records written per transaction: a commit that comes to one of them waits for at most one
 /// chunk's writes, and a crash loses at most one chunk.
 pub const WRITE_CHUNK: usize = 200;
 
@@ -105,8 +105,9 @@ impl Batch {
 /// When the tables a preparation fills are analyzed. They grow faster than autovacuum analyzes
 /// them (once a minute at most): planned with the statistics of a table a tenth of its size, the
 /// chunk's lookups by record (the stale keys' delete, the slots' keys) scanned the whole of
-/// `scope_rows` under the change-log lock, 80-95 ms a chunk at 1M records and growing, while pushes
-/// waited (docs/benchmarks-history.md, "Scoped sync's cost: fifth measurement"). Analyzed each
+/// `scope_rows`, 80-95 ms a chunk at 1M records and growing, while pushes waited (chunks were then
+/// written under the change-log lock; docs/benchmarks-history.md, "Scoped sync's cost: fifth
+/// measurement"). Analyzed each
 /// time the scan has doubled, the statistics are never off by more than half, for a logarithmic
 /// number of analyses.
 #[derive(Debug)]
@@ -188,42 +189,95 @@ pub async fn read_batch(db: &impl GenericClient, plan: &Plan) -> DbResult<Option
     Ok(Some(Batch { after, records }))
 }
 
+/// How far a chunk's write went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkWrite {
+    /// Its first `n` (at least one) records were written and the scan moved past them: all of
+    /// them, or up to a record an unfinished commit holds (the caller reads again from there).
+    Written(usize),
+    /// Nothing was written, since a commit holds its first record or a row it had to write: the
+    /// caller rolls back and reads again a little later.
+    Held,
+    /// The scan moved under the reader (a repository reset started it again, or the version was
+    /// replaced): nothing was written, and the caller reads again.
+    Moved,
+}
+
+/// How long a chunk waits for a row lock before it gives way. A commit writes the key rows of the
+/// records it updates before it updates them, so one that comes to a record a chunk has locked
+/// while the chunk waits for its key rows is a deadlock; giving way long before PostgreSQL's
+/// deadlock check (after a second), the chunk is the one to roll back, never the commit.
+const CHUNK_LOCK_TIMEOUT_SQL: &str = "SET LOCAL lock_timeout = '50ms'";
+
 /// Writes what [`read_batch`] computed for `chunk` (the next records after the scan's position, in
-/// its order) and moves the position past them, under the change-log lock. A record changed since
-/// it was read is left alone: its commit wrote the new families' keys and references itself (every
-/// commit since the version was stored does), and the catch-up gives it its slot. Under the lock no
-/// commit is half-way, so "not changed" is checked against every commit there is. False when the
-/// scan moved under the reader (a repository reset started it again, or the version was replaced):
-/// nothing was written, and the caller reads again.
+/// its order) and moves the position past them. A record changed since it was read is left alone:
+/// its commit wrote the new families' keys and references itself (every commit since the version
+/// was stored does), and the catch-up gives it its slot.
+///
+/// Without the change-log lock: each record is locked `FOR SHARE` as it is checked, so a commit
+/// that has not changed it yet cannot until this chunk is written (it then writes keys over these,
+/// at its later change_id), and one that has changed it and not finished holds its row, which is
+/// skipped rather than waited for (waiting, the scan and commits updating the same records locked
+/// each other: docs/architecture.md). The write stops before the first record skipped so, and the
+/// scan's position with it; the caller reads again from there, when that commit has finished.
+/// Holding the change-log lock instead, a chunk's writes and commit made every push wait (the
+/// push p99 during a preparation: docs/benchmarks-history.md). The set's row is locked first,
+/// so a reset or a replacement of the version waits for the chunk, or the chunk sees it.
 #[tracing::instrument(name = "db.scope.prepare.write_chunk", level = "debug", skip_all)]
 pub async fn write_chunk(
     tx: &Transaction<'_>,
     plan: &Plan,
     chunk: &[Scanned],
     after: &str,
-) -> DbResult<bool> {
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHANGELOG_LOCK]).await?;
-    let Some(set) = set_version(tx, plan.version).await? else { return Ok(false) };
-    let Some(last) = chunk.last() else { return Ok(true) };
-    if set.state != "preparing"
-        || set.scan_head.is_none()
-        || set.scan_after.as_deref().unwrap_or_default() != after
-    {
-        return Ok(false);
+) -> DbResult<ChunkWrite> {
+    tx.batch_execute(CHUNK_LOCK_TIMEOUT_SQL).await?;
+    match write_locked(tx, plan, chunk, after).await {
+        Err(e) if e.is_lock_timeout() => Ok(ChunkWrite::Held),
+        written => written,
+    }
+}
+
+async fn write_locked(
+    tx: &Transaction<'_>,
+    plan: &Plan,
+    chunk: &[Scanned],
+    after: &str,
+) -> DbResult<ChunkWrite> {
+    let locked = tx
+        .query_opt(
+            "SELECT state, scan_head IS NOT NULL, coalesce(scan_after, ''), slots FROM scope_sets
+              WHERE version = $1 FOR UPDATE",
+            &[&plan.version],
+        )
+        .await?;
+    let Some(set) = locked else { return Ok(ChunkWrite::Moved) };
+    let (state, began, scan_after, slots): (String, bool, String, i64) =
+        (set.get(0), set.get(1), set.get(2), set.get(3));
+    if state != "preparing" || !began || scan_after != after {
+        return Ok(ChunkWrite::Moved);
     }
     let (read_ids, read_changes): (Vec<&str>, Vec<i64>) =
         chunk.iter().map(|r| (r.id.as_str(), r.change_id)).unzip();
-    let unchanged: std::collections::HashSet<String> = tx
+    let free: std::collections::HashMap<String, i64> = tx
         .query(
-            "SELECT r.id FROM unnest($1::text[], $2::int8[]) AS b(id, change_id)
-               JOIN records r ON r.id = b.id AND r.change_id = b.change_id",
-            &[&read_ids, &read_changes],
+            "SELECT r.id, r.change_id FROM records r WHERE r.id = ANY($1) FOR SHARE OF r SKIP LOCKED",
+            &[&read_ids],
         )
         .await?
         .iter()
-        .map(|row| row.get(0))
+        .map(|row| (row.get(0), row.get(1)))
         .collect();
-    let current: Vec<&Scanned> = chunk.iter().filter(|r| unchanged.contains(&r.id)).collect();
+    // Records are deleted only by a reset, which then moves the scan: a missing one is held.
+    let held = chunk.iter().position(|r| !free.contains_key(&r.id)).unwrap_or(chunk.len());
+    let chunk = &chunk[..held];
+    let Some(last) = chunk.last() else { return Ok(ChunkWrite::Held) };
+    let unchanged: std::collections::HashSet<&str> = chunk
+        .iter()
+        .zip(&read_changes)
+        .filter(|(r, read)| free.get(&r.id) == Some(*read))
+        .map(|(r, _)| r.id.as_str())
+        .collect();
+    let current: Vec<&Scanned> = chunk.iter().filter(|r| unchanged.contains(r.id.as_str())).collect();
     let ids: Vec<&str> = current.iter().map(|r| r.id.as_str()).collect();
     if !plan.backfill.is_empty() {
         let (mut keys, mut key_records, mut key_changes) = (Vec::new(), Vec::new(), Vec::new());
@@ -236,13 +290,14 @@ pub async fn write_chunk(
         }
         let families: Vec<&str> = plan.backfill.family_ids().collect();
         // Rows of these families left by an earlier preparation that was replaced may be stale;
-        // the records are unchanged since they were read, so what was computed is their state.
+        // the records are unchanged since they were read (and locked), so what was computed is
+        // their state.
         // Planned from statistics, this delete scanned the whole table in the first chunks of a
         // preparation (before its first analysis, the table filling by thousands of rows a
-        // second): 30-40 ms a chunk under the lock, which pushes waited behind for up to 250 ms
-        // (docs/benchmarks-history.md, "Scoped sync's cost: sixth measurement"). As in a commit,
-        // it probes the index per record at any size; only it: planned so, the slots' statement
-        // below reads every slot of the version for each chunk.
+        // second): 30-40 ms a chunk, then under the change-log lock, which pushes waited behind
+        // for up to 250 ms (docs/benchmarks-history.md, "Scoped sync's cost: sixth measurement").
+        // As in a commit, it probes the index per record at any size; only it: planned so, the
+        // slots' statement below reads every slot of the version for each chunk.
         tx.batch_execute(INDEX_PROBES_ONLY_SQL).await?;
         tx.execute(
             "DELETE FROM scope_rows s USING unnest($1::text[]) AS b(id)
@@ -278,13 +333,13 @@ pub async fn write_chunk(
         )
         .await?;
     }
-    let slots = assign_slots(tx, plan, &ids, set.slots).await?;
+    let slots = assign_slots(tx, plan, &ids, slots).await?;
     tx.execute(
         "UPDATE scope_sets SET scan_after = $2, scanned = scanned + $3, slots = $4 WHERE version = $1",
         &[&plan.version, &last.id, &(chunk.len() as i64), &slots],
     )
     .await?;
-    Ok(true)
+    Ok(ChunkWrite::Written(chunk.len()))
 }
 
 fn stored_data_error(id: &str, error: serde_json::Error) -> DbError {
