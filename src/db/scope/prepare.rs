@@ -107,9 +107,8 @@ impl Batch {
 /// chunk's lookups by record (the stale keys' delete, the slots' keys) scanned the whole of
 /// `scope_rows`, 80-95 ms a chunk at 1M records and growing, while pushes waited (chunks were then
 /// written under the change-log lock; docs/benchmarks-history.md, "Scoped sync's cost: fifth
-/// measurement"). Analyzed each
-/// time the scan has doubled, the statistics are never off by more than half, for a logarithmic
-/// number of analyses.
+/// measurement"). Analyzed each time the scan has doubled, the statistics are never off by more
+/// than half, for a logarithmic number of analyses.
 #[derive(Debug)]
 pub struct Statistics {
     scanned: usize,
