@@ -3,11 +3,11 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use synkronus::config::Config;
-use synkronus::db::scope::prepare::{self, ChunkWrite, Plan, PREPARATION_LOCK};
-use synkronus::db::scope::{self as scope_db};
+use synkronus::db::scope::prepare::{self, ChunkWrite};
 use synkronus::startup::Application;
 
-use crate::helpers::{assert_error, connect, small_bundle, test_env, TestApp};
+use crate::helpers::{assert_error, small_bundle, test_env, TestApp};
+use crate::scope_prepare::HeldPreparation;
 use crate::scopes::{create_user, push, record, wait_in_force, Device};
 
 /// The value of the first sample of `name` whose labels include every `labels` pair (0 if none).
@@ -152,18 +152,8 @@ async fn scope_metrics_show_the_sets_the_preparation_scoped_pages_and_refusals()
 
     // Staged as in tests/api/scope_prepare.rs: the server's preparer waits while the test holds the
     // preparation lock, and the test scans the first chunk itself.
-    let holder = connect(&app.db_conn).await;
-    holder.execute("SELECT pg_advisory_lock($1)", &[&PREPARATION_LOCK]).await.expect("preparation lock");
-    let rules = json!([{"name": "districts", "applies_to": {"roles": ["read-write"]},
-                        "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}}]);
-    let (status, body) =
-        app.call(Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": rules}))).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let version = body["version"].as_i64().expect("version");
+    let HeldPreparation { holder, version, plan } = HeldPreparation::begin(&app, &admin).await;
     let mut db = app.state.pool.get().await.expect("connection");
-    let set = scope_db::set_version(&db, version).await.expect("set").expect("stored");
-    let plan = Plan::new(&set, None).expect("plan");
-    prepare::begin(&db, version).await.expect("begin");
     let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("records to scan");
     let (after, chunk) = batch.chunks().next().expect("a chunk");
     let tx = db.transaction().await.expect("transaction");
@@ -183,7 +173,7 @@ async fn scope_metrics_show_the_sets_the_preparation_scoped_pages_and_refusals()
     .await;
     assert!(shown, "version {version} preparing, 2 of 5 records scanned:\n{text}");
 
-    holder.execute("SELECT pg_advisory_unlock($1)", &[&PREPARATION_LOCK]).await.expect("unlock");
+    HeldPreparation::release(&holder).await;
     wait_in_force(&app, &admin, version).await;
     let (shown, text) = scrape_until(&app, &admin, |text| {
         sample(text, "synkronus_scope_set_version", &[("state", "active")]) == v

@@ -12,6 +12,50 @@ use synkronus::db::scope::{self as scope_db};
 use crate::helpers::{connect, TestApp};
 use crate::scopes::{create_user, push, record, set_rules, wait_in_force, Device};
 
+/// A preparation the test drives: the server's preparer cannot start while `holder` holds the
+/// preparation lock; the districts rule is stored as the version being prepared, its scan begun.
+pub struct HeldPreparation {
+    pub holder: tokio_postgres::Client,
+    pub version: i64,
+    pub plan: Plan,
+}
+
+impl HeldPreparation {
+    pub async fn begin(app: &TestApp, admin: &str) -> HeldPreparation {
+        let holder = connect(&app.db_conn).await;
+        holder.execute("SELECT pg_advisory_lock($1)", &[&PREPARATION_LOCK]).await.expect("preparation lock");
+        let rules = json!([{"name": "districts", "applies_to": {"roles": ["read-write"]},
+                            "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}}]);
+        let (status, body) =
+            app.call(reqwest::Method::PUT, "/admin/scopes", Some(admin), Some(json!({"rules": rules}))).await;
+        assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{body}");
+        let version = body["version"].as_i64().expect("version");
+        let db = app.state.pool.get().await.expect("connection");
+        let set = scope_db::set_version(&db, version).await.expect("set").expect("stored");
+        let plan = Plan::new(&set, None).expect("plan");
+        prepare::begin(&db, version).await.expect("begin");
+        HeldPreparation { holder, version, plan }
+    }
+
+    /// Lets the server's preparer take over.
+    pub async fn release(holder: &tokio_postgres::Client) {
+        holder.execute("SELECT pg_advisory_unlock($1)", &[&PREPARATION_LOCK]).await.expect("unlock");
+    }
+}
+
+/// Reads the scan's next batch and writes its first chunk, committed when it wrote anything.
+async fn write_next_chunk(db: &mut deadpool_postgres::Object, plan: &Plan) -> ChunkWrite {
+    let batch = prepare::read_batch(&*db, plan).await.expect("read").expect("records to scan");
+    let (after, chunk) = batch.chunks().next().expect("a chunk");
+    let tx = db.transaction().await.expect("transaction");
+    let written = prepare::write_chunk(&tx, plan, chunk, after).await.expect("write");
+    match written {
+        ChunkWrite::Written(_) => tx.commit().await.expect("commit"),
+        ChunkWrite::Held | ChunkWrite::Moved => tx.rollback().await.expect("rollback"),
+    }
+    written
+}
+
 #[actix_web::test]
 async fn a_record_moved_between_the_scans_read_and_write_keeps_the_keys_of_its_commit() {
     let app = TestApp::spawn().await;
@@ -29,20 +73,8 @@ async fn a_record_moved_between_the_scans_read_and_write_keeps_the_keys_of_its_c
     )
     .await;
 
-    // The server's preparer cannot start while the test holds the preparation lock.
-    let holder = connect(&app.db_conn).await;
-    holder.execute("SELECT pg_advisory_lock($1)", &[&PREPARATION_LOCK]).await.expect("preparation lock");
-    let rules = json!([{"name": "districts", "applies_to": {"roles": ["read-write"]},
-                        "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}}]);
-    let (status, body) =
-        app.call(reqwest::Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": rules}))).await;
-    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{body}");
-    let version = body["version"].as_i64().expect("version");
-
+    let HeldPreparation { holder, version, plan } = HeldPreparation::begin(&app, &admin).await;
     let mut db = app.state.pool.get().await.expect("connection");
-    let set = scope_db::set_version(&db, version).await.expect("set").expect("stored");
-    let plan = Plan::new(&set, None).expect("plan");
-    prepare::begin(&db, version).await.expect("begin");
     let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("records to scan");
 
     // Between the read and the write, a commit moves one record out of the north.
@@ -66,7 +98,7 @@ async fn a_record_moved_between_the_scans_read_and_write_keeps_the_keys_of_its_c
     assert!(live[0].0.ends_with("=south") && live[0].1, "{live:?}");
 
     // The server finishes the preparation; the worker receives the north as it is now.
-    holder.execute("SELECT pg_advisory_unlock($1)", &[&PREPARATION_LOCK]).await.expect("unlock");
+    HeldPreparation::release(&holder).await;
     wait_in_force(&app, &admin, version).await;
     let mut phone = Device::new("phone");
     phone.sync(&app, &north, 2).await;
@@ -83,18 +115,8 @@ async fn the_scan_stops_before_a_record_an_unfinished_commit_holds_and_resumes_f
     let records = ["a", "b", "c", "d"].iter().map(|id| record(id, "household", json!({"district": "north"})));
     push(&app, &admin, "admin-device", records.collect()).await;
 
-    let holder = connect(&app.db_conn).await;
-    holder.execute("SELECT pg_advisory_lock($1)", &[&PREPARATION_LOCK]).await.expect("preparation lock");
-    let rules = json!([{"name": "districts", "applies_to": {"roles": ["read-write"]},
-                        "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}}]);
-    let (status, body) =
-        app.call(reqwest::Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": rules}))).await;
-    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{body}");
-    let version = body["version"].as_i64().expect("version");
+    let HeldPreparation { holder, version, plan } = HeldPreparation::begin(&app, &admin).await;
     let mut db = app.state.pool.get().await.expect("connection");
-    let set = scope_db::set_version(&db, version).await.expect("set").expect("stored");
-    let plan = Plan::new(&set, None).expect("plan");
-    prepare::begin(&db, version).await.expect("begin");
 
     // A commit that has updated `c` and not finished holds its row (as a group commit does).
     let mut commit = connect(&app.db_conn).await;
@@ -118,22 +140,14 @@ async fn the_scan_stops_before_a_record_an_unfinished_commit_holds_and_resumes_f
     assert_eq!((set.scan_after.as_deref(), set.scanned), (Some("b"), 2));
 
     // Still held: nothing written, the position stays.
-    let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("c and d");
-    let (after, chunk) = batch.chunks().next().expect("a chunk");
-    let tx = db.transaction().await.expect("transaction");
-    assert_eq!(prepare::write_chunk(&tx, &plan, chunk, after).await.expect("write"), ChunkWrite::Held);
-    tx.rollback().await.expect("rollback");
+    assert_eq!(write_next_chunk(&mut db, &plan).await, ChunkWrite::Held);
 
     // Finished (rolled back here: a change would have written its own keys), c is scanned.
     open.rollback().await.expect("rollback");
-    let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("c and d");
-    let (after, chunk) = batch.chunks().next().expect("a chunk");
-    let tx = db.transaction().await.expect("transaction");
-    assert_eq!(prepare::write_chunk(&tx, &plan, chunk, after).await.expect("write"), ChunkWrite::Written(2));
-    tx.commit().await.expect("commit");
+    assert_eq!(write_next_chunk(&mut db, &plan).await, ChunkWrite::Written(2));
     assert_eq!(keyed(holder.query(sql, &[]).await.expect("rows")), ["a", "b", "c", "d"]);
 
-    holder.execute("SELECT pg_advisory_unlock($1)", &[&PREPARATION_LOCK]).await.expect("unlock");
+    HeldPreparation::release(&holder).await;
     wait_in_force(&app, &admin, version).await;
     let mut phone = Device::new("phone");
     phone.sync(&app, &north, 3).await;
@@ -151,18 +165,8 @@ async fn a_chunk_gives_way_to_a_commit_that_waits_for_it_while_it_waits_for_that
     let records = ["a", "b"].iter().map(|id| record(id, "household", json!({"district": "north"})));
     push(&app, &admin, "admin-device", records.collect()).await;
 
-    let holder = connect(&app.db_conn).await;
-    holder.execute("SELECT pg_advisory_lock($1)", &[&PREPARATION_LOCK]).await.expect("preparation lock");
-    let rules = json!([{"name": "districts", "applies_to": {"roles": ["read-write"]},
-                        "form_types": ["household"], "where": {"field": "district", "in_attribute": "district"}}]);
-    let (status, body) =
-        app.call(reqwest::Method::PUT, "/admin/scopes", Some(&admin), Some(json!({"rules": rules}))).await;
-    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{body}");
-    let version = body["version"].as_i64().expect("version");
+    let HeldPreparation { holder, version, plan } = HeldPreparation::begin(&app, &admin).await;
     let mut db = app.state.pool.get().await.expect("connection");
-    let set = scope_db::set_version(&db, version).await.expect("set").expect("stored");
-    let plan = Plan::new(&set, None).expect("plan");
-    prepare::begin(&db, version).await.expect("begin");
     let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("records to scan");
     let (after, chunk) = batch.chunks().next().expect("a chunk");
     let key = plan.backfill.record_keys("household", r#"{"district":"north"}"#).expect("keys");
@@ -213,12 +217,8 @@ async fn a_chunk_gives_way_to_a_commit_that_waits_for_it_while_it_waits_for_that
     open.rollback().await.expect("rollback");
 
     // Read again, the chunk goes through; so does the preparation.
-    let batch = prepare::read_batch(&db, &plan).await.expect("read").expect("a and b");
-    let (after, chunk) = batch.chunks().next().expect("a chunk");
-    let tx = db.transaction().await.expect("transaction");
-    assert_eq!(prepare::write_chunk(&tx, &plan, chunk, after).await.expect("write"), ChunkWrite::Written(2));
-    tx.commit().await.expect("commit");
-    holder.execute("SELECT pg_advisory_unlock($1)", &[&PREPARATION_LOCK]).await.expect("unlock");
+    assert_eq!(write_next_chunk(&mut db, &plan).await, ChunkWrite::Written(2));
+    HeldPreparation::release(&holder).await;
     wait_in_force(&app, &admin, version).await;
 }
 
