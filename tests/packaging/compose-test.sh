@@ -58,6 +58,7 @@ nodes_seen() {
 }
 cluster_logs() { compose -p "$project" -f deploy/compose.cluster.yaml logs 2>&1 | grep -v '" 200 \|" 204 ' | tail -40; }
 
+pin_bridge_addresses
 cleanup "remove_networks $project"
 cleanup "compose -p $project -f deploy/compose.cluster.yaml down -v"
 compose -p "$project" -f deploy/compose.cluster.yaml "${up[@]}" >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log"; fail "compose up"; }

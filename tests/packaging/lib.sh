@@ -78,3 +78,28 @@ log_has() {
 	engine logs "$1" >"$WORK/container.log" 2>&1 || true
 	grep -q "$2" "$WORK/container.log"
 }
+
+# Netavark before 1.9 (Debian 12 ships 1.4) leaves a network bridge's MAC address to the kernel,
+# which gives a bridge the lowest address among its ports: when a container joins with a lower one
+# or the owner of the lowest leaves (compose's one-shot `bucket`, a killed node), the bridge's
+# address changes, and the containers' cached address of their gateway, where aardvark-dns
+# answers, is stale until ARP revalidates it (tens of seconds). Their lookups of `postgres` and
+# `moto` time out meanwhile: a node answered 503 for half a minute in CI
+# (containers/netavark#833). An address set explicitly is one the kernel keeps, so this pins each
+# podman bridge's address the moment it appears, until the calling script exits.
+pin_bridge_addresses() {
+	[ "$CONTAINER_ENGINE" = podman ] && [ "$(id -u)" = 0 ] || return 0
+	(
+		while kill -0 "$$" 2>/dev/null; do
+			for bridge in /sys/class/net/podman*/bridge /sys/class/net/cni-podman*/bridge; do
+				[ -e "$bridge" ] || continue
+				dev=${bridge%/bridge}
+				# addr_assign_type 3: set by hand (NET_ADDR_SET), which the kernel no longer recalculates.
+				[ "$(cat "$dev/addr_assign_type" 2>/dev/null)" = 3 ] ||
+					ip link set dev "${dev##*/}" address "$(cat "$dev/address")" 2>/dev/null || true
+			done
+			sleep 0.1
+		done
+	) >/dev/null 2>&1 &
+	cleanup "kill $! 2>/dev/null"
+}

@@ -16,16 +16,24 @@ source scripts/images/engine.sh
 
 status=0
 summary=()
+# A failure's summary line names its first cause (the first "FAILED:" line the step printed), so
+# that the last lines of a CI log say what went wrong.
+log=$(mktemp /var/tmp/synkronus-packages.XXXXXX)
+trap 'rm -f "$log"' EXIT
 run() {
-	local name=$1 start
+	local name=$1 start cause
 	shift
 	start=$(date +%s)
 	echo "== $name"
-	if "$@"; then
+	# In this shell, not a pipeline's subshell: the service-images step waits for its child.
+	if "$@" > >(tee "$log") 2>&1; then
+		wait $! # tee, to the end of the step's output
 		summary+=("$name: passed in $(($(date +%s) - start)) s")
 	else
+		wait $!
 		status=1
-		summary+=("$name: FAILED after $(($(date +%s) - start)) s")
+		cause=$(grep -a -m 1 'FAILED: ' "$log" | cut -c 1-240 || true)
+		summary+=("$name: FAILED after $(($(date +%s) - start)) s${cause:+ - $cause}")
 		return 1
 	fi
 }
@@ -42,7 +50,7 @@ fi
 run service-images wait "$service_images" || cat /var/tmp/synkronus-service-images.log
 if [ $built = yes ]; then
 	bin_dir=$(mktemp -d /var/tmp/synkronus-image-binary.XXXXXX)
-	trap 'rm -rf "$bin_dir"' EXIT
+	trap 'rm -rf "$bin_dir" "$log"' EXIT
 	id=$(engine create synkronus:latest)
 	engine cp "$id:/usr/bin/synkronus" "$bin_dir/synkronus"
 	engine rm -v "$id" >/dev/null
