@@ -25,8 +25,9 @@ run() {
 	shift
 	start=$(date +%s)
 	echo "== $name"
-	# In this shell, not a pipeline's subshell: the service-images step waits for its child.
-	if "$@" > >(tee "$log") 2>&1; then
+	# A group, in this shell: not a pipeline's subshell, since the service-images step waits for
+	# this shell's child; and its redirection made here, so that `$!` is the tee.
+	if { "$@"; } > >(tee "$log") 2>&1; then
 		wait $! # tee, to the end of the step's output
 		summary+=("$name: passed in $(($(date +%s) - start)) s")
 	else
