@@ -12,6 +12,18 @@ use anyhow::{anyhow, bail, Context};
 const SUPERUSER: &str = "synkronus";
 /// Unix socket paths are limited to 107 bytes; beyond this we move the socket to /tmp.
 const MAX_SOCKET_DIR_LEN: usize = 90;
+/// What a new cluster gets besides PostgreSQL's defaults. A push storm or a scope set's
+/// preparation writes 30-40 MB of WAL a second, so with the default 1 GB between checkpoints they
+/// came every 5-19 s (PostgreSQL logged "checkpoints are occurring too frequently" 56 times in a
+/// 10M run), and after each one the next write of every page logs the page whole again. With
+/// 4 GB the push p99 during a preparation at 10M was 146-150 ms against 175-226
+/// (docs/benchmarks-history.md, "Scoped sync's cost: eleventh measurement"); pg_wal may grow to
+/// about that size.
+const CLUSTER_SETTINGS: &str = "
+# Set by synkronus when it created this cluster (docs/operations.md, \"The embedded database's
+# settings\"); ALTER SYSTEM overrides it.
+max_wal_size = 4GB
+";
 
 #[derive(Debug, Clone)]
 pub struct EmbeddedPostgres {
@@ -250,6 +262,15 @@ impl EmbeddedPostgres {
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
+        // In postgresql.conf, not on the command line: `ALTER SYSTEM` (postgresql.auto.conf)
+        // overrides it, as docs/operations.md tells operators to change a setting.
+        let conf = self.data_dir.join("postgresql.conf");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&conf)
+            .with_context(|| format!("cannot open {}", conf.display()))?;
+        std::io::Write::write_all(&mut file, CLUSTER_SETTINGS.as_bytes())
+            .with_context(|| format!("cannot write {}", conf.display()))?;
         Ok(())
     }
 

@@ -322,6 +322,20 @@ async fn the_embedded_server_generates_its_jwt_secret_once_and_keeps_it() {
     assert_eq!(log.matches("read the secret from the data root").count(), 1, "{log}");
     assert!(!log.contains("generated a secret") && !log.contains(key), "{log}");
     assert_eq!(std::fs::read_to_string(&file).expect("key").trim_end(), key, "the key was kept");
+
+    // The cluster the server created runs with the WAL allowance it was given at initdb.
+    let socket = root.dir.join("postgres");
+    let (db, connection) = tokio_postgres::Config::new()
+        .host_path(&socket)
+        .user("synkronus")
+        .dbname("synkronus")
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("the embedded cluster's socket");
+    tokio::spawn(connection);
+    let row = db.query_one("SHOW max_wal_size", &[]).await.expect("SHOW");
+    assert_eq!(row.get::<_, String>(0), "4GB");
+    drop(db);
     assert!(second.terminate(Duration::from_secs(60)).await.success(), "{}", second.log_text());
 }
 
