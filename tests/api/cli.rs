@@ -294,7 +294,8 @@ async fn invalid_configuration_stops_the_binary_with_one_line_naming_the_variabl
 }
 
 /// Without `JWT_SECRET`, a server on its embedded database generates a key into the data root at
-/// its first start and signs with the same key at every later one: tokens outlive a restart.
+/// its first start and signs with the same key at every later one: tokens outlive a restart. The
+/// cluster it created runs with the settings it was given (`max_wal_size`).
 #[actix_web::test]
 async fn the_embedded_server_generates_its_jwt_secret_once_and_keeps_it() {
     let root = EmbeddedDataRoot::new("synk-jwt");
