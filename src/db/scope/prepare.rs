@@ -255,8 +255,7 @@ async fn write_locked(
     if state != "preparing" || !began || scan_after != after {
         return Ok(ChunkWrite::Moved);
     }
-    let (read_ids, read_changes): (Vec<&str>, Vec<i64>) =
-        chunk.iter().map(|r| (r.id.as_str(), r.change_id)).unzip();
+    let read_ids: Vec<&str> = chunk.iter().map(|r| r.id.as_str()).collect();
     let free: std::collections::HashMap<String, i64> = tx
         .query(
             "SELECT r.id, r.change_id FROM records r WHERE r.id = ANY($1) FOR SHARE OF r SKIP LOCKED",
@@ -270,13 +269,7 @@ async fn write_locked(
     let held = chunk.iter().position(|r| !free.contains_key(&r.id)).unwrap_or(chunk.len());
     let chunk = &chunk[..held];
     let Some(last) = chunk.last() else { return Ok(ChunkWrite::Held) };
-    let unchanged: std::collections::HashSet<&str> = chunk
-        .iter()
-        .zip(&read_changes)
-        .filter(|(r, read)| free.get(&r.id) == Some(*read))
-        .map(|(r, _)| r.id.as_str())
-        .collect();
-    let current: Vec<&Scanned> = chunk.iter().filter(|r| unchanged.contains(r.id.as_str())).collect();
+    let current: Vec<&Scanned> = chunk.iter().filter(|r| free.get(&r.id) == Some(&r.change_id)).collect();
     let ids: Vec<&str> = current.iter().map(|r| r.id.as_str()).collect();
     if !plan.backfill.is_empty() {
         let (mut keys, mut key_records, mut key_changes) = (Vec::new(), Vec::new(), Vec::new());
